@@ -1,0 +1,1 @@
+"""The local model store, model references, downloads and GGUF reading."""

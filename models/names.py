@@ -1,0 +1,47 @@
+"""Model names and digests, validated before any path is built from them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidName
+
+# A name is one or more '/'-separated segments, then an optional ':tag'.
+# Segments start with a letter or digit, so '.', '..' and hidden files are impossible.
+_SEGMENT = r"[a-z0-9][a-z0-9._-]{0,79}"
+_TAG = r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}"
+_NAME_RE = re.compile(rf"^(?P<repo>{_SEGMENT}(?:/{_SEGMENT}){{0,3}})(?::(?P<tag>{_TAG}))?$")
+_DIGEST_RE = re.compile(r"^sha256-[0-9a-f]{64}$")
+
+DEFAULT_TAG = "latest"
+
+
+@dataclass(frozen=True)
+class ModelName:
+    repo: str
+    tag: str
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.tag}"
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """Path components under the manifests folder: each segment, then the tag file."""
+        return (*self.repo.split("/"), f"{self.tag}.json")
+
+
+def parse_name(text: str) -> ModelName:
+    m = _NAME_RE.match(text.strip())
+    if not m or ".." in text:
+        raise InvalidName(
+            f"invalid model name {text!r}",
+            "names look like 'smollm2:135m' or 'org/model:tag' (lower-case letters, digits, '.', '_', '-')",
+        )
+    return ModelName(m.group("repo"), m.group("tag") or DEFAULT_TAG)
+
+
+def check_digest(text: str) -> str:
+    if not isinstance(text, str) or not _DIGEST_RE.match(text):
+        raise InvalidName(f"invalid digest {text!r}", "a digest is 'sha256-' and 64 lower-case hex digits")
+    return text

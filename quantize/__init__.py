@@ -1,0 +1,1 @@
+"""Quantization and its quality cost (perplexity, KLD). Not built yet."""

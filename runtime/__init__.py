@@ -1,0 +1,1 @@
+"""The engine: load, tokenize, template, decode, stream typed events."""

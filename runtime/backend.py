@@ -1,0 +1,265 @@
+"""The one module that touches llama_cpp: thin, typed wrappers over the low-level bindings.
+
+Imported lazily (only when a model is loaded), so `tallow --help` never pays for it.
+Everything above works in Python ints, bytes and lists.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp.llama_cpp as C
+
+from .errors import BackendError
+
+_init_lock = threading.Lock()
+_initialized = False
+# llama.cpp logs to stderr unless a callback is installed; we keep the tail for error
+# messages and only echo when asked to (TALLOW_DEBUG, decided by the CLI).
+_log_tail: deque[str] = deque(maxlen=64)
+_log_echo = False
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace") if text else ""
+    _log_tail.append(line)
+    if _log_echo:
+        import sys
+
+        sys.stderr.write(line)
+
+
+def init(echo_logs: bool = False) -> None:
+    global _initialized, _log_echo
+    _log_echo = echo_logs
+    with _init_lock:
+        if not _initialized:
+            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            _initialized = True
+
+
+def last_log_error() -> str:
+    for line in reversed(_log_tail):
+        text = line.strip()
+        if text and ("error" in text.lower() or "failed" in text.lower()):
+            return text
+    return ""
+
+
+def supports_gpu_offload() -> bool:
+    return bool(C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return C.llama_print_system_info().decode("utf-8", "replace")
+
+
+FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+class Model:
+    """A loaded model and its vocabulary."""
+
+    def __init__(self, path: Path, n_gpu_layers: int) -> None:
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        _log_tail.clear()
+        ptr = C.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not ptr:
+            detail = last_log_error()
+            raise BackendError(f"llama.cpp could not load {path}" + (f": {detail}" if detail else ""),
+                               "the file may be damaged or of an architecture this llama.cpp build does not know")
+        self.ptr = ptr
+        self.vocab = C.llama_model_get_vocab(ptr)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = C.llama_model_n_ctx_train(ptr)
+        self.n_params = C.llama_model_n_params(ptr)
+        self.size_bytes = C.llama_model_size(ptr)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.bos = C.llama_vocab_bos(self.vocab)
+        self.eos = C.llama_vocab_eos(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def describe(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+            if n < 0:
+                raise BackendError(f"tokenization failed ({n})")
+        return list(arr[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token, of any length (the high-level API truncates at 32)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = self._piece_buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        out = buf.raw[:n]
+        self._pieces[token] = out
+        return out
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        """Whole-sequence detokenization by llama.cpp itself (a reference for tests)."""
+        arr = (C.llama_token * len(tokens))(*tokens)
+        cap = max(64, len(tokens) * 16)
+        buf = ctypes.create_string_buffer(cap)
+        n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, cap, False, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, -n, False, False)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    flash_attn: str = "auto"
+    n_seq_max: int = 1
+
+
+class Context:
+    """A llama.cpp context with one reusable batch; sequences are addressed by id."""
+
+    def __init__(self, model: Model, p: ContextParams) -> None:
+        params = C.llama_context_default_params()
+        params.n_ctx = p.n_ctx
+        params.n_batch = p.n_batch
+        params.n_ubatch = p.n_ubatch
+        params.n_seq_max = p.n_seq_max
+        params.n_threads = p.n_threads
+        params.n_threads_batch = p.n_threads
+        params.flash_attn_type = FLASH_ATTN[p.flash_attn]
+        params.no_perf = True
+        _log_tail.clear()
+        ptr = C.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            detail = last_log_error()
+            raise BackendError("llama.cpp could not create a context" + (f": {detail}" if detail else ""),
+                               "try a smaller --ctx")
+        self.ptr = ptr
+        self.n_ctx = C.llama_n_ctx(ptr)
+        self.n_batch = p.n_batch
+        self.mem = C.llama_get_memory(ptr)
+        self._batch = C.llama_batch_init(p.n_batch, 0, p.n_seq_max)
+        self._b = self._batch  # fields are pointers into C memory, filled in place
+
+    def decode(self, tokens: list[int], pos0: int, seq_id: int = 0, want_last_logits: bool = True) -> None:
+        """Evaluate `tokens` at positions pos0.. of one sequence; logits only for the last."""
+        b = self._b
+        n = len(tokens)
+        if n > self.n_batch:
+            raise BackendError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
+        tok, pos, nseq, seq, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i, t in enumerate(tokens):
+            tok[i] = t
+            pos[i] = pos0 + i
+            nseq[i] = 1
+            seq[i][0] = seq_id
+            logits[i] = 0
+        if want_last_logits:
+            logits[n - 1] = 1
+        b.n_tokens = n
+        rc = C.llama_decode(self.ptr, b)
+        if rc != 0:
+            if rc == 1:
+                raise BackendError("the KV cache is full", "use a larger --ctx")
+            raise BackendError(f"llama_decode failed with code {rc}" + (f": {last_log_error()}" if last_log_error() else ""))
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_batch_free(self._batch)
+            C.llama_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    seed: int
+
+
+class Sampler:
+    """A llama.cpp sampler chain; sampling and accepting happen in C."""
+
+    def __init__(self, model: Model, p: SamplerParams) -> None:
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if p.repeat_penalty != 1.0:
+            add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
+        if p.temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(C.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                add(C.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0:
+                add(C.llama_sampler_init_min_p(p.min_p, 1))
+            add(C.llama_sampler_init_temp(p.temperature))
+            add(C.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
+        self.ptr = chain
+
+    def accept(self, token: int) -> None:
+        C.llama_sampler_accept(self.ptr, token)
+
+    def sample(self, ctx: Context, idx: int = -1) -> int:
+        return C.llama_sampler_sample(self.ptr, ctx.ptr, idx)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_sampler_free(self.ptr)
+            self.ptr = None

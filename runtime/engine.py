@@ -1,0 +1,232 @@
+"""The engine: load a model, build prompts, and stream a request as typed events.
+
+One long-lived sequence (seq 0) keeps the tokens its KV cells hold, so a request
+whose prompt starts with them evaluates only what follows the common prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import ContextOverflow
+from .text import Detokenizer, StopMatcher
+from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
+
+_SEQ = 0
+
+
+def physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def gpu_layer_count(choice: str, offload_supported: bool) -> int:
+    """auto: all layers when this build can offload, else none; all; or a number."""
+    if choice == "auto":
+        return -1 if offload_supported else 0
+    if choice == "all":
+        return -1
+    return int(choice)
+
+
+class Engine:
+    def __init__(self, path: Path, settings: LoadSettings) -> None:
+        from . import backend
+
+        started = time.perf_counter()
+        backend.init(echo_logs=settings.echo_logs)
+        self._backend = backend
+        self.path = Path(path)
+        self.model = backend.Model(self.path, gpu_layer_count(settings.gpu_layers, backend.supports_gpu_offload()))
+        try:
+            n_ctx = settings.n_ctx or min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+            self.n_threads = settings.n_threads or physical_cores()
+            self.ctx = backend.Context(
+                self.model,
+                backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
+                                      n_threads=self.n_threads, flash_attn=settings.flash_attn),
+            )
+        except BaseException:
+            self.model.close()
+            raise
+        self.n_ctx = self.ctx.n_ctx
+        self.n_batch = settings.n_batch
+        self._kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
+        self._template = None
+        self.load_ms = (time.perf_counter() - started) * 1000
+
+    # -- prompts ---------------------------------------------------------------------------
+    def chat_template(self):
+        if self._template is None:
+            from .template import ChatTemplate
+
+            src = self.model.chat_template()
+            if src is None:
+                return None
+            piece = lambda t: self.model.piece(t).decode("utf-8", "replace") if t >= 0 else ""  # noqa: E731
+            self._template = ChatTemplate(src, piece(self.model.bos), piece(self.model.eos))
+        return self._template
+
+    def prompt_for(self, messages: list[dict[str, Any]], raw: bool = False) -> list[int]:
+        """Tokens for a conversation: through the model's chat template, or plain text when raw
+        (or when the model has none)."""
+        template = None if raw else self.chat_template()
+        if template is None:
+            text = "\n\n".join(m["content"] for m in messages)
+            return self.model.tokenize(text, add_special=True, parse_special=False)
+        text = template.render(messages, add_generation_prompt=True)
+        tokens = self.model.tokenize(text, add_special=False, parse_special=True)
+        if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
+            tokens.insert(0, self.model.bos)
+        return tokens
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self.model.tokenize(text, add_special=special, parse_special=special)
+
+    # -- generation --------------------------------------------------------------------------
+    def stream(self, request: Request) -> Iterator[TokenEvent | FinalEvent]:
+        """Yield a TokenEvent per sampled token, then exactly one FinalEvent.
+
+        KeyboardInterrupt, raised in here or thrown in by the consumer with
+        `.throw(KeyboardInterrupt)`, ends the request with finish_reason 'interrupted'
+        and still yields the final record (the answer and timings so far).
+        """
+        prompt = list(request.prompt_tokens)
+        if not prompt:
+            raise ContextOverflow("the prompt is empty", "give a prompt, or pipe text on stdin")
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflow(
+                f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx} (one more is needed to answer)",
+                "shorten the prompt or raise --ctx",
+            )
+        run = _Run(request, Timings(load_ms=self.load_ms), Usage(prompt_tokens=len(prompt)))
+        try:
+            yield from self._generate(run, prompt)
+        except KeyboardInterrupt:
+            run.finish = "interrupted"
+        yield run.final()
+
+    def _prefill(self, run: _Run, prompt: list[int]) -> None:
+        cached = _common_prefix(self._kv, prompt)
+        if cached == len(prompt):
+            cached -= 1  # the last prompt token must be evaluated again to get its logits
+        self.ctx.seq_rm(_SEQ, cached, -1)
+        del self._kv[cached:]
+        run.usage.cached_tokens = cached
+        todo = prompt[cached:]
+        # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory.
+        for i in range(0, len(todo), self.n_batch):
+            chunk = todo[i:i + self.n_batch]
+            self.ctx.decode(chunk, len(self._kv), _SEQ, want_last_logits=i + self.n_batch >= len(todo))
+            self._kv.extend(chunk)
+        run.timings.prefill_tokens = len(todo)
+
+    def _generate(self, run: _Run, prompt: list[int]) -> Iterator[TokenEvent]:
+        from .backend import Sampler, SamplerParams
+
+        s = run.request.sampling
+        sampler = Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p,
+                                                    s.repeat_penalty, s.repeat_last_n, s.resolved_seed()))
+        try:
+            t0 = run.started
+            self._prefill(run, prompt)
+            if s.repeat_penalty != 1.0:
+                for t in prompt[-s.repeat_last_n:]:
+                    sampler.accept(t)
+            t_prefill = time.perf_counter()
+            run.timings.prefill_ms = (t_prefill - t0) * 1000
+            run.t_decode_start = t_prefill
+            yield from self._decode_loop(run, sampler)
+        finally:
+            sampler.close()
+
+    def _decode_loop(self, run: _Run, sampler) -> Iterator[TokenEvent]:
+        model, ctx, kv = self.model, self.ctx, self._kv
+        max_tokens = run.request.max_tokens
+        detok, stops = run.detok, run.stops
+        gaps = run.timings.itl_ms
+        perf = time.perf_counter
+        last = None
+        while True:
+            token = sampler.sample(ctx, -1)
+            now = perf()
+            if model.is_eog(token):
+                run.finish = "stop"
+                return
+            if last is None:
+                run.timings.ttft_ms = (now - run.started) * 1000
+            else:
+                gaps.append((now - last) * 1000)
+            last = run.t_last = now
+            run.n_out += 1
+            text, stopped = stops.push(detok.push(model.piece(token)))
+            if text:
+                run.parts.append(text)
+            yield TokenEvent(text, token)
+            if stopped:
+                run.finish = "stop"
+                run.hit_stop_string = True
+                return
+            if max_tokens is not None and run.n_out >= max_tokens:
+                run.finish = "length"
+                return
+            if len(kv) >= self.n_ctx:
+                run.finish = "length"  # the context is full
+                return
+            ctx.decode([token], len(kv), _SEQ)
+            kv.append(token)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Run:
+    """The mutable state of one request while it streams."""
+
+    def __init__(self, request: Request, timings: Timings, usage: Usage) -> None:
+        self.request = request
+        self.timings = timings
+        self.usage = usage
+        self.started = time.perf_counter()
+        self.t_decode_start: float | None = None
+        self.t_last: float | None = None
+        self.n_out = 0
+        self.parts: list[str] = []
+        self.finish = "stop"
+        self.hit_stop_string = False
+        self.detok = Detokenizer()
+        self.stops = StopMatcher(list(request.stop))
+
+    def final(self) -> FinalEvent:
+        tail = ""
+        if not self.hit_stop_string:
+            # Release what was held back: an incomplete character, a possible stop prefix.
+            tail, stopped = self.stops.push(self.detok.flush())
+            if not stopped:
+                tail += self.stops.flush()
+            self.parts.append(tail)
+        t = self.timings
+        t.decode_tokens = self.n_out
+        if self.t_decode_start is not None and self.t_last is not None:
+            t.decode_ms = (self.t_last - self.t_decode_start) * 1000
+        t.total_ms = (time.perf_counter() - self.started) * 1000
+        self.usage.completion_tokens = self.n_out
+        return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

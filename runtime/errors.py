@@ -1,0 +1,17 @@
+"""Errors raised by the engine."""
+
+from __future__ import annotations
+
+from tallow.models.errors import TallowError
+
+
+class BackendError(TallowError):
+    """llama.cpp refused or failed."""
+
+
+class ContextOverflow(TallowError):
+    """A prompt does not fit in the context."""
+
+
+class TemplateError(TallowError):
+    """A chat template failed, or was unsafe or too expensive to render."""

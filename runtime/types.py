@@ -1,0 +1,113 @@
+"""What the engine takes and what it yields."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How to load a model; every field is explicit (the CLI resolves defaults from the environment)."""
+
+    n_ctx: int | None = None  # None: the model's trained length, capped at ctx_cap
+    ctx_cap: int = 4096
+    n_threads: int | None = None  # None: physical cores
+    gpu_layers: str = "auto"  # auto | all | N
+    flash_attn: str = "auto"  # auto | on | off
+    n_batch: int = 512
+    echo_logs: bool = False
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None  # None: a fresh random seed per request
+
+    def resolved_seed(self) -> int:
+        return self.seed if self.seed is not None else random.SystemRandom().randrange(2**32)
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_tokens: list[int]
+    max_tokens: int | None = None  # None: until the end of the context
+    stop: tuple[str, ...] = ()
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Timings:
+    """Seconds measured by tallow itself with perf_counter, per request."""
+
+    load_ms: float = 0.0
+    queue_ms: float = 0.0
+    prefill_tokens: int = 0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_tokens: int = 0
+    decode_ms: float = 0.0
+    total_ms: float = 0.0
+    itl_ms: list[float] = field(default_factory=list)  # every inter-token gap
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefill_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0
+
+    def itl_percentile(self, q: float) -> float:
+        if not self.itl_ms:
+            return 0.0
+        ordered = sorted(self.itl_ms)
+        # nearest-rank percentile: no interpolation, so it is always a measured gap
+        rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+        return ordered[rank - 1]
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "load_ms": round(self.load_ms, 3),
+            "queue_ms": round(self.queue_ms, 3),
+            "ttft_ms": round(self.ttft_ms, 3),
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_ms": round(self.prefill_ms, 3),
+            "prefill_tps": round(self.prefill_tps, 2),
+            "decode_tokens": self.decode_tokens,
+            "decode_ms": round(self.decode_ms, 3),
+            "decode_tps": round(self.decode_tps, 2),
+            "itl_p50_ms": round(self.itl_percentile(50), 3),
+            "itl_p95_ms": round(self.itl_percentile(95), 3),
+            "total_ms": round(self.total_ms, 3),
+        }
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str  # may be empty while a character or a possible stop string is held back
+    token: int
+
+
+@dataclass
+class FinalEvent:
+    text: str  # the whole answer, exactly the concatenation of the TokenEvents' text
+    finish_reason: str  # stop | length | interrupted
+    usage: Usage
+    timings: Timings
+    tail: str = ""  # text held back until the end (not yet in any TokenEvent)
+
+    def to_dict(self) -> dict:
+        return {"finish_reason": self.finish_reason, "usage": asdict(self.usage), "timings": self.timings.summary()}
