@@ -45,7 +45,8 @@ def init(echo_logs: bool = False) -> None:
 
 
 def last_log_error() -> str:
-    for line in reversed(_log_tail):
+    """The first error llama.cpp logged since the last clear: the cause, not the echo of it."""
+    for line in _log_tail:
         text = line.strip()
         if text and ("error" in text.lower() or "failed" in text.lower()):
             return text
@@ -85,6 +86,7 @@ class Model:
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)
         self._pieces: dict[int, bytes] = {}
+        self._eog: tuple[int, ...] | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def meta(self, key: str) -> str | None:
@@ -146,6 +148,11 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t))
+        return self._eog
 
     def close(self) -> None:
         if self.ptr:
@@ -230,6 +237,7 @@ class SamplerParams:
     repeat_penalty: float
     repeat_last_n: int
     seed: int
+    banned: tuple[int, ...] = ()  # tokens that may never be sampled (e.g. end-of-generation)
 
 
 class Sampler:
@@ -238,6 +246,9 @@ class Sampler:
     def __init__(self, model: Model, p: SamplerParams) -> None:
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if p.banned:
+            bias = (C.llama_logit_bias * len(p.banned))(*[C.llama_logit_bias(t, float("-inf")) for t in p.banned])
+            add(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.banned), bias))
         if p.repeat_penalty != 1.0:
             add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
         if p.temperature <= 0:

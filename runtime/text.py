@@ -28,7 +28,7 @@ class Detokenizer:
 
 
 class StopMatcher:
-    """Finds the first stop string in streamed text and holds back only what may start one.
+    """Finds the first stop string to complete in streamed text; holds back only what may start one.
 
     `push` returns (text safe to emit, stopped). Text after a stop string is dropped,
     and nothing of the stop string itself is ever emitted.
@@ -45,14 +45,16 @@ class StopMatcher:
         buf = self._held + text
         # A stop string can only end inside the new text, so search from where it could start.
         start = max(0, len(self._held) - self._max + 1)
-        first = -1
+        # The stop that completes first wins (a stream cannot wait to see whether a longer,
+        # earlier-starting one would complete later); on a tie, the one starting earlier.
+        best: tuple[int, int] | None = None
         for s in self.stops:
             i = buf.find(s, start)
-            if i != -1 and (first == -1 or i < first):
-                first = i
-        if first != -1:
+            if i != -1 and (best is None or (i + len(s), i) < best):
+                best = (i + len(s), i)
+        if best is not None:
             self._held = ""
-            return buf[:first], True
+            return buf[: best[1]], True
         keep = self._partial_suffix(buf)
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep], False

@@ -39,6 +39,7 @@ class Request:
     max_tokens: int | None = None  # None: until the end of the context
     stop: tuple[str, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)
+    ignore_eos: bool = False  # never sample end-of-generation (benchmarks need exact lengths)
 
 
 @dataclass

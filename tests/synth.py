@@ -1,0 +1,117 @@
+"""Writes a tiny synthetic GGUF: random weights, a real byte-level BPE tokenizer.
+
+Small enough to load in milliseconds, real enough for llama.cpp to run: a llama
+architecture with two layers, a GPT-2 style vocabulary of all 256 bytes plus a few
+merges (including a 64-byte token, longer than the 32 bytes the high-level API
+keeps), ChatML special tokens and a ChatML chat template.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 2
+N_LAYER = 2
+N_FF = 128
+N_CTX_TRAIN = 1024
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+def vocabulary() -> tuple[list[str], list[int], list[str]]:
+    b2u = byte_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges: list[str] = []
+
+    def merge(a: str, b: str) -> None:
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+
+    sp = b2u[ord(" ")]
+    for a, b in [("t", "h"), ("h", "e"), (sp, "t"), ("i", "n"), (sp + "t", "he"), ("e", "r"), (sp, "a")]:
+        merge(a, b)
+    piece = "="
+    while len(piece) < 64:  # "=", "==", ..., 64 '=' characters: one 64-byte token
+        merge(piece, piece)
+        piece += piece
+    # a multi-byte character as one token (é is c3 a9)
+    merge(b2u[0xC3], b2u[0xA9])
+    types = [1] * len(tokens)
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        tokens.append(special)
+        types.append(3)  # CONTROL
+    return tokens, types, merges
+
+
+def write_synthetic_gguf(path: Path, seed: int = 1234) -> Path:
+    import gguf
+
+    tokens, types, merges = vocabulary()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tallow-synthetic")
+    w.add_context_length(N_CTX_TRAIN)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)  # all F32
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")  # a GPT-2 style pre-tokenizer llama.cpp knows
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    eot = tokens.index("<|endoftext|>")
+    w.add_bos_token_id(eot)
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+    def t(name: str, *shape: int, scale: float = 0.5) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    kv = N_EMBD // N_HEAD * N_HEAD_KV
+    t("token_embd.weight", n_vocab, N_EMBD)
+    w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    t("output.weight", n_vocab, N_EMBD)
+    for i in range(N_LAYER):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        t(f"blk.{i}.attn_q.weight", N_EMBD, N_EMBD)
+        t(f"blk.{i}.attn_k.weight", kv, N_EMBD)
+        t(f"blk.{i}.attn_v.weight", kv, N_EMBD)
+        t(f"blk.{i}.attn_output.weight", N_EMBD, N_EMBD)
+        t(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
+        t(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
+        t(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
