@@ -190,10 +190,11 @@ class Context:
             raise BackendError("llama.cpp could not create a context" + (f": {detail}" if detail else ""),
                                "try a smaller --ctx")
         self.ptr = ptr
+        # llama.cpp may round n_ctx up and clamp n_batch to it: use what it chose.
         self.n_ctx = C.llama_n_ctx(ptr)
-        self.n_batch = p.n_batch
+        self.n_batch = C.llama_n_batch(ptr)
         self.mem = C.llama_get_memory(ptr)
-        self._batch = C.llama_batch_init(p.n_batch, 0, p.n_seq_max)
+        self._batch = C.llama_batch_init(self.n_batch, 0, p.n_seq_max)
         self._b = self._batch  # fields are pointers into C memory, filled in place
 
     def decode(self, tokens: list[int], pos0: int, seq_id: int = 0, want_last_logits: bool = True) -> None:

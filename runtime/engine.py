@@ -53,7 +53,7 @@ class Engine:
             self.model.close()
             raise
         self.n_ctx = self.ctx.n_ctx
-        self.n_batch = settings.n_batch
+        self.n_batch = self.ctx.n_batch
         self._kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
         self._template = None
         self.load_ms = (time.perf_counter() - started) * 1000
