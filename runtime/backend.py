@@ -219,6 +219,9 @@ class Context:
                 raise BackendError("the KV cache is full", "use a larger --ctx")
             raise BackendError(f"llama_decode failed with code {rc}" + (f": {last_log_error()}" if last_log_error() else ""))
 
+    def clear(self) -> None:
+        C.llama_memory_clear(self.mem, True)
+
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
 

@@ -180,6 +180,11 @@ class Engine:
             ctx.decode([token], len(kv), _SEQ)
             kv.append(token)
 
+    def reset(self) -> None:
+        """Forget every cached token (the next prompt is evaluated in full)."""
+        self.ctx.clear()
+        self._kv.clear()
+
     def close(self) -> None:
         self.ctx.close()
         self.model.close()

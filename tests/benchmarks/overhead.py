@@ -1,0 +1,175 @@
+"""How much tallow's engine costs over the bare llama.cpp calls, measured side by side.
+
+Three implementations run the same work in one process, on the same model file,
+with the same threads and context size, interleaved so noise hits all of them:
+
+  minimal  a bare loop over the low-level calls: llama_decode + a greedy sampler in C
+  tallow   tallow's Engine.stream (templates off, raw tokens in, events out)
+  llama    llama-cpp-python's high-level Llama.create_completion(stream=True)
+
+Same definitions for all: prefill tok/s = prompt tokens / time to the first sampled
+token; decode tok/s = (N-1) / time from the first to the last sampled token.
+Target: tallow >= 97% of minimal in every case.
+
+    python tests/benchmarks/overhead.py [--model PATH] [--reps 3] [--long 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+N_PROMPT = 512
+THREADS = 2
+
+
+def default_model() -> Path:
+    from conftest import _test_home
+    from tallow.models.catalog import SMOLLM2_135M
+    from tallow.models.resolve import locate
+    from tallow.models.store import Store
+
+    found = locate(SMOLLM2_135M.name, Store(_test_home()))
+    if not hasattr(found, "path"):
+        sys.exit("run the tests once first (they fetch the default model), or pass --model PATH")
+    return found.path
+
+
+def prompt_tokens(engine, n: int, salt: int) -> list[int]:
+    text = f"Report {salt}. " + " ".join(f"The river number {i} runs past hill {i * 7 % 13}." for i in range(400))
+    tokens = engine.tokenize(text)
+    assert len(tokens) >= n
+    return tokens[:n]
+
+
+class Minimal:
+    """The least Python a decode loop can have: one llama_decode per token, greedy in C."""
+
+    def __init__(self, path: Path, n_ctx: int) -> None:
+        import llama_cpp.llama_cpp as C
+
+        self.C = C
+        mp = C.llama_model_default_params()
+        self.model = C.llama_model_load_from_file(str(path).encode(), mp)
+        cp = C.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, 512, 512
+        cp.n_threads = cp.n_threads_batch = THREADS
+        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_AUTO
+        cp.no_perf = True
+        self.ctx = C.llama_init_from_model(self.model, cp)
+        vocab = C.llama_model_get_vocab(self.model)
+        eog = [t for t in range(C.llama_vocab_n_tokens(vocab)) if C.llama_vocab_is_eog(vocab, t)]
+        self.chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        bias = (C.llama_logit_bias * len(eog))(*[C.llama_logit_bias(t, float("-inf")) for t in eog])
+        C.llama_sampler_chain_add(self.chain, C.llama_sampler_init_logit_bias(C.llama_vocab_n_tokens(vocab), len(eog), bias))
+        C.llama_sampler_chain_add(self.chain, C.llama_sampler_init_greedy())
+
+    def run(self, prompt: list[int], n_gen: int) -> tuple[float, float]:
+        C = self.C
+        C.llama_memory_clear(C.llama_get_memory(self.ctx), True)
+        t0 = time.perf_counter()
+        arr = (C.llama_token * len(prompt))(*prompt)  # must outlive llama_decode
+        assert C.llama_decode(self.ctx, C.llama_batch_get_one(arr, len(prompt))) == 0
+        one = (C.llama_token * 1)()
+        tok = C.llama_sampler_sample(self.chain, self.ctx, -1)
+        t_first = time.perf_counter()
+        for _ in range(n_gen - 1):
+            one[0] = tok
+            assert C.llama_decode(self.ctx, C.llama_batch_get_one(one, 1)) == 0
+            tok = C.llama_sampler_sample(self.chain, self.ctx, -1)
+        t_last = time.perf_counter()
+        return len(prompt) / (t_first - t0), (n_gen - 1) / (t_last - t_first)
+
+
+class Tallow:
+    def __init__(self, path: Path, n_ctx: int) -> None:
+        from tallow.runtime.engine import Engine
+        from tallow.runtime.types import LoadSettings
+
+        self.engine = Engine(path, LoadSettings(n_ctx=n_ctx, n_threads=THREADS))
+
+    def run(self, prompt: list[int], n_gen: int) -> tuple[float, float]:
+        from tallow.runtime.types import Request, Sampling, TokenEvent
+
+        self.engine.reset()
+        t0 = time.perf_counter()
+        t_first = t_last = None
+        n = 0
+        for ev in self.engine.stream(Request(prompt, n_gen, (), Sampling(temperature=0), ignore_eos=True)):
+            if isinstance(ev, TokenEvent):
+                t_last = time.perf_counter()
+                t_first = t_first or t_last
+                n += 1
+        assert n == n_gen
+        return len(prompt) / (t_first - t0), (n_gen - 1) / (t_last - t_first)
+
+
+class HighLevel:
+    def __init__(self, path: Path, n_ctx: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(str(path), n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS, n_batch=512, verbose=False)
+        self.eog = {t: float("-inf") for t in range(self.llm.n_vocab()) if self.llm._model.token_is_eog(t)} if hasattr(self.llm._model, "token_is_eog") else {self.llm.token_eos(): float("-inf")}
+
+    def run(self, prompt: list[int], n_gen: int) -> tuple[float, float]:
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        t0 = time.perf_counter()
+        t_first = t_last = None
+        n = 0
+        for _ in self.llm.create_completion(prompt, max_tokens=n_gen, temperature=0.0, stream=True, logit_bias=self.eog):
+            t_last = time.perf_counter()
+            t_first = t_first or t_last
+            n += 1
+        n = max(n, 2)
+        return len(prompt) / (t_first - t0), (n - 1) / (t_last - t_first)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--long", type=int, default=4096, help="output tokens of the long decode test (0 to skip)")
+    ap.add_argument("--no-highlevel", action="store_true")
+    args = ap.parse_args()
+    path = args.model or default_model()
+    n_ctx = N_PROMPT + max(128, args.long) + 16
+    tallow_impl = Tallow(path, n_ctx)  # first: it installs the log callback that keeps llama.cpp quiet
+    impls = {"minimal": Minimal(path, n_ctx), "tallow": tallow_impl}
+    if not args.no_highlevel:
+        impls["llama"] = HighLevel(path, n_ctx)
+    tallow = impls["tallow"].engine
+    results: dict[tuple[str, str], list[float]] = {}
+    cases = [("tg128", 128, args.reps)] + ([(f"tg{args.long}", args.long, 1)] if args.long else [])
+    for name, impl in impls.items():  # warm-up: first decodes allocate and page in weights
+        impl.run(prompt_tokens(tallow, N_PROMPT, 0), 8)
+    for case, n_gen, reps in cases:
+        for rep in range(reps):
+            order = list(impls.items()) if rep % 2 == 0 else list(reversed(impls.items()))
+            for name, impl in order:
+                pp, tg = impl.run(prompt_tokens(tallow, N_PROMPT, rep + 1), n_gen)
+                results.setdefault((name, "pp512"), []).append(pp)
+                results.setdefault((name, case), []).append(tg)
+                print(f"  {case} rep {rep + 1} {name:8s} pp512 {pp:7.1f} tok/s  {case} {tg:7.1f} tok/s", flush=True)
+    print(f"\nmodel {path}, {THREADS} threads, ctx {n_ctx}, flash attention auto (llama: its default)")
+    print("medians over repetitions (tok/s)")
+    print(f"{'test':>8} {'minimal':>9} {'tallow':>9} {'llama':>9} {'tallow/min':>11} {'llama/min':>10}")
+    worst = 1.0
+    for case in ["pp512"] + [c for c, _, _ in cases]:
+        mean = {n: statistics.median(results[(n, case)]) for n in impls}
+        ratio = mean["tallow"] / mean["minimal"]
+        worst = min(worst, ratio)
+        hl = mean.get("llama")
+        print(f"{case:>8} {mean['minimal']:9.1f} {mean['tallow']:9.1f} {hl if hl else float('nan'):9.1f} "
+              f"{ratio:11.3f} {(hl / mean['minimal']) if hl else float('nan'):10.3f}")
+    print(f"\ntarget tallow/minimal >= 0.97: {'met' if worst >= 0.97 else 'NOT met'} (worst {worst:.3f})")
+
+
+if __name__ == "__main__":
+    main()

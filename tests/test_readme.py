@@ -1,0 +1,19 @@
+"""The README opens with the commands CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_starts_with_install_and_test_commands_and_ci_runs_the_second():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)\n```", readme, flags=re.S)
+    install, tests = blocks[0].strip(), blocks[1].strip()
+    assert install.startswith("pip install . && tallow run smollm2:135m")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"TEST_COMMAND='{tests}'" in ci
+    # the two commands come before any other section
+    assert readme.index(tests) < readme.index("\n## ")
