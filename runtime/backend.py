@@ -7,6 +7,7 @@ Everything above works in Python ints, bytes and lists.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -29,8 +30,6 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace") if text else ""
     _log_tail.append(line)
     if _log_echo:
-        import sys
-
         sys.stderr.write(line)
 
 
@@ -55,10 +54,6 @@ def last_log_error() -> str:
 
 def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
-
-
-def system_info() -> str:
-    return C.llama_print_system_info().decode("utf-8", "replace")
 
 
 FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
@@ -89,24 +84,9 @@ class Model:
         self._eog: tuple[int, ...] | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
 
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
-
     def chat_template(self) -> str | None:
         raw = C.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8", "replace") if raw else None
-
-    def describe(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        C.llama_model_desc(self.ptr, buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -214,10 +194,11 @@ class Context:
             logits[n - 1] = 1
         b.n_tokens = n
         rc = C.llama_decode(self.ptr, b)
+        if rc == 1:
+            raise BackendError("the KV cache is full", "use a larger --ctx")
         if rc != 0:
-            if rc == 1:
-                raise BackendError("the KV cache is full", "use a larger --ctx")
-            raise BackendError(f"llama_decode failed with code {rc}" + (f": {last_log_error()}" if last_log_error() else ""))
+            detail = last_log_error()
+            raise BackendError(f"llama_decode failed with code {rc}" + (f": {detail}" if detail else ""))
 
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)

