@@ -60,8 +60,10 @@ def guarded(fn: Callable) -> Callable:
 
 def _register() -> None:
     from .run import run
+    from .store_cmds import import_model, list_models, pull, rm, show
 
-    app.command(name="run")(guarded(run))
+    for name, fn in (("run", run), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm), ("import", import_model)):
+        app.command(name=name)(guarded(fn))
 
 
 _register()

