@@ -48,8 +48,6 @@ class Hub:
             RepositoryNotFoundError,
             RevisionNotFoundError,
         )
-        import httpx
-
         if isinstance(exc, GatedRepoError):
             return FetchError(f"{repo} is a gated repository", "accept its terms on the hub, then set HF_TOKEN to a token that may read it")
         if isinstance(exc, RepositoryNotFoundError):
@@ -62,7 +60,7 @@ class Hub:
         if isinstance(exc, HfHubHTTPError):
             status = exc.response.status_code if exc.response is not None else "?"
             return FetchError(f"the hub answered HTTP {status} for {repo}", "try again later")
-        if isinstance(exc, httpx.HTTPError):
+        if _is_transport_error(exc):
             return FetchError(f"cannot reach the hub ({self.endpoint or 'huggingface.co'}): {exc}",
                               "check the network, or use --offline with a stored model")
         return exc
@@ -86,7 +84,6 @@ class Hub:
         """An Opener (see download.py) for one file of a repository."""
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
-        import httpx
 
         url = hf_hub_url(repo, path, revision=self.revision, endpoint=self.endpoint)
 
@@ -108,14 +105,21 @@ class Hub:
 
             def chunks() -> Iterator[bytes]:
                 try:
-                    yield from resp.iter_bytes(1 << 20)
-                except httpx.HTTPError as exc:
-                    raise FetchError(f"the connection to the hub broke: {exc}") from exc
+                    yield from resp.iter_bytes()  # as received: a broken connection loses nothing buffered
+                except Exception as exc:  # noqa: BLE001
+                    if _is_transport_error(exc):
+                        raise FetchError(f"the connection to the hub broke: {exc}") from exc
+                    raise
 
             return RangeResponse(resp.status_code == 206, int(total) if total and total.isdigit() else None,
                                  chunks(), resp.close)
 
         return open_at
+
+
+def _is_transport_error(exc: Exception) -> bool:
+    """A network failure from the HTTP client huggingface_hub uses (httpx, or httpx2 in 2.x)."""
+    return type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2") or isinstance(exc, OSError)
 
 
 def quant_of(path: str) -> str | None:

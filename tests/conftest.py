@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -79,8 +80,9 @@ def run_tallow(args: list[str], *, home: Path, input: bytes | None = b"", env: d
                           env=full_env, timeout=timeout)
 
 
-def send_file(handler, path: Path, state: dict) -> None:
-    """Serve a file with Range support; mode 'truncate' cuts the connection halfway."""
+def send_file(handler, path: Path, state: dict, head: bool = False) -> None:
+    """Serve a file with Range support; mode 'truncate' cuts the connection halfway,
+    and a 'delay' (seconds per 64 KiB) makes it slow."""
     size = path.stat().st_size
     start = 0
     rng = handler.headers.get("Range")
@@ -99,16 +101,30 @@ def send_file(handler, path: Path, state: dict) -> None:
     handler.send_header("Content-Type", "application/octet-stream")
     handler.send_header("Content-Length", str(size - start))
     handler.end_headers()
+    if head:
+        return
     end = start + (size - start) // 2 if state.get("mode") == "truncate" else size
+    step = 1 << 16 if state.get("delay") else 1 << 20
     with open(path, "rb") as fh:
         fh.seek(start)
         while start < end:
-            chunk = fh.read(min(1 << 20, end - start))
+            chunk = fh.read(min(step, end - start))
             handler.wfile.write(chunk)
             start += len(chunk)
+            if state.get("delay"):
+                time.sleep(state["delay"])
     if state.get("mode") == "truncate":
         handler.wfile.flush()
         handler.connection.shutdown(2)
+
+
+@pytest.fixture
+def fake_hub():
+    from hub_server import FakeHub
+
+    hub = FakeHub()
+    yield hub
+    hub.close()
 
 
 class _Index(http.server.ThreadingHTTPServer):
