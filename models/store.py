@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError, ModelNotFound, TallowError
+from .errors import IntegrityError, InvalidName, ModelNotFound, TallowError
 from .names import ModelName, check_digest, parse_name
 
 MANIFEST_SCHEMA = 1
@@ -77,6 +77,8 @@ class Manifest:
                 raise ValueError("no files")
             return cls(str(parse_name(data["name"])), files, dict(data.get("source") or {}), data.get("license"),
                        dict(data.get("gguf") or {}), float(data.get("created") or 0))
+        except InvalidName as exc:
+            raise IntegrityError(f"corrupt manifest: {exc.message}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc}") from exc
 

@@ -1,0 +1,133 @@
+"""list, show, rm and import through the CLI, names that must be refused, and offline use."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import run_tallow
+from tallow.models.errors import IntegrityError, InvalidName
+from tallow.models.names import parse_name
+from tallow.models.store import Manifest, Store, sha256_file
+
+
+def test_import_copy_and_link_then_list_show_rm(synth_model, tmp_path):
+    home = tmp_path / "home"
+    assert run_tallow(["import", str(synth_model), "--name", "synth:copy"], home=home).returncode == 0
+    r = run_tallow(["import", str(synth_model), "--name", "synth:link", "--link"], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    store = Store(home / "models")
+    digest = f"sha256-{sha256_file(synth_model)}"
+    assert [p.name for p in store.blobs.iterdir()] == [digest]  # the linked one is not copied
+    assert store.paths(store.get("synth:link")) == [synth_model.resolve()]
+
+    listed = json.loads(run_tallow(["list", "--json"], home=home).stdout)
+    assert [(m["name"], m["quantization"], m["parameters"], m["context_length"], m["linked"]) for m in listed] == [
+        ("synth:copy", "F32", 108992, 1024, False), ("synth:link", "F32", 108992, 1024, True)]
+    table = run_tallow(["list"], home=home).stdout.decode()
+    assert "synth:copy" in table and "109K" in table and "\x1b[" not in table
+
+    shown = json.loads(run_tallow(["show", "synth:copy", "--json"], home=home).stdout)
+    assert shown["tensor_types"]["F32"]["tensors"] == 21 and shown["architecture"] == "llama"
+    assert shown["source"]["kind"] == "import"
+    template = run_tallow(["show", "synth:copy", "--template"], home=home).stdout.decode()
+    assert template.startswith("{% for message in messages %}")
+
+    dry = run_tallow(["rm", "synth:copy", "--dry-run"], home=home)
+    assert b"would remove synth:copy" in dry.stderr and b"would free 442" in dry.stderr
+    assert store.get("synth:copy") is not None
+    r = run_tallow(["rm", "synth:copy", "synth:link"], home=home)
+    assert r.returncode == 0 and b"freed 442" in r.stderr and b"kept linked file" in r.stderr
+    assert synth_model.exists() and not list(store.blobs.iterdir())
+    assert json.loads(run_tallow(["list", "--json"], home=home).stdout) == []
+
+
+def test_rm_keeps_blobs_another_model_uses(synth_model, tmp_path):
+    home = tmp_path / "home"
+    for name in ("a:one", "b:two"):
+        assert run_tallow(["import", str(synth_model), "--name", name], home=home).returncode == 0
+    r = run_tallow(["rm", "a:one"], home=home)
+    assert b"freed 0 B" in r.stderr
+    assert Store(home / "models").get("b:two") is not None
+    assert run_tallow(["rm", "nothing:here"], home=home).returncode == 1
+
+
+def test_changed_linked_file_is_refused(synth_model, tmp_path):
+    home = tmp_path / "home"
+    copy = tmp_path / "mine.gguf"
+    copy.write_bytes(synth_model.read_bytes())
+    assert run_tallow(["import", str(copy), "--link"], home=home).returncode == 0
+    with open(copy, "ab") as fh:
+        fh.write(b"\0" * 32)
+    r = run_tallow(["run", "mine", "hi", "-n", "2"], home=home)
+    assert r.returncode == 1 and b"changed since it was imported" in r.stderr
+
+
+def test_import_refuses_a_bad_file_and_stores_nothing(tmp_path):
+    home = tmp_path / "home"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 40)
+    r = run_tallow(["import", str(bad)], home=home)
+    assert r.returncode == 1 and b"error:" in r.stderr
+    assert not (home / "models" / "manifests").exists() or not list((home / "models" / "manifests").rglob("*.json"))
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a\x00b", "x/../../y", "", ".hidden", "a:b:c", "a//b"])
+def test_hostile_names_are_rejected_before_any_path_is_built(name):
+    with pytest.raises(InvalidName):
+        parse_name(name)
+
+
+def test_manifest_with_a_hostile_digest_or_name_is_refused(tmp_path):
+    store = Store(tmp_path)
+    path = store.manifests / "evil" / "latest.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"name": "evil", "files": [{"path": "x", "digest": "sha256-../../etc/passwd", "size": 1}]}))
+    with pytest.raises(IntegrityError):
+        store.get("evil")
+    path.write_text(json.dumps({"name": "../evil", "files": [{"path": "x", "digest": "sha256-" + "0" * 64, "size": 1}]}))
+    with pytest.raises(IntegrityError):
+        store.get("evil")
+    with pytest.raises(IntegrityError):
+        Manifest.from_json({"name": "ok", "files": [{"path": "x", "digest": "sha256-" + "0" * 64, "size": 1,
+                                                    "linked": "relative/path"}]})
+
+
+PROBE = textwrap.dedent(
+    """
+    import sys
+    def hook(event, args):
+        if event.startswith("socket."):
+            sys.stderr.write("SOCKET USED: " + event + "\\n")
+            import os; os._exit(99)
+    sys.addaudithook(hook)
+    sys.argv = ["tallow"] + sys.argv[1:]
+    from tallow.cli.app import main
+    main()
+    """
+)
+
+
+def test_offline_no_command_opens_a_socket(synth_model, tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALLOW_", "HF_"))}
+    env.update(TALLOW_HOME=str(home), HF_ENDPOINT="http://127.0.0.1:9")
+    commands = [  # (arguments, exit code); rm last, so every command before it sees the model
+        (["list"], 0), (["show", "synth"], 0), (["run", "synth", "hi", "-n", "2"], 0),
+        (["pull", "Org/Missing-GGUF:Q4_K_M"], 1), (["run", "Org/Missing-GGUF", "hi"], 1),
+        (["pull", "smollm2:135m"], 1), (["rm", "synth"], 0),
+    ]
+    for flag_env in ({"TALLOW_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "1"}):
+        assert run_tallow(["import", str(synth_model), "--name", "synth"], home=home).returncode == 0
+        for args, code in commands:
+            r = subprocess.run([sys.executable, "-c", PROBE, *args], env={**env, **flag_env}, capture_output=True, input=b"")
+            err = r.stderr.decode()
+            assert "SOCKET USED" not in err, (args, err)
+            assert r.returncode == code, (args, err)
+            if code:
+                assert "offline mode is on" in err, (args, err)
