@@ -62,10 +62,24 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
         tokens.append(special)
         types.append(3)  # CONTROL
+    for marker in ("<think>", "</think>"):
+        tokens.append(marker)
+        types.append(4)  # USER_DEFINED: printed as text, as in reasoning models' vocabularies
     return tokens, types, merges
 
 
-def write_synthetic_gguf(path: Path, seed: int = 1234) -> Path:
+def _as_token(text: str) -> str:
+    """A script names tokens by their text; single bytes map through GPT-2's byte alphabet."""
+    if text.startswith("<") and text.endswith(">") and len(text) > 1:
+        return text
+    return byte_to_unicode()[text.encode()[0]] if len(text.encode()) == 1 else text
+
+
+def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | None = None,
+                         template: str = CHATML) -> Path:
+    """Random weights; or, with `script` ({token: next token}), weights that make greedy
+    decoding follow the script: attention and feed-forward are zero, so the residual stream
+    is the token's embedding, and the output matrix maps each embedding to its successor."""
     import gguf
 
     tokens, types, merges = vocabulary()
@@ -91,15 +105,24 @@ def write_synthetic_gguf(path: Path, seed: int = 1234) -> Path:
     w.add_bos_token_id(eot)
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(template)
+    weight_scale = 0.0 if script else 0.5
 
     def t(name: str, *shape: int, scale: float = 0.5) -> None:
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+        w.add_tensor(name, (rng.standard_normal(shape) * scale * weight_scale).astype(np.float32))
 
     kv = N_EMBD // N_HEAD * N_HEAD_KV
-    t("token_embd.weight", n_vocab, N_EMBD)
+    embd = rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)
+    w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    t("output.weight", n_vocab, N_EMBD)
+    if script:
+        out = np.zeros((n_vocab, N_EMBD), dtype=np.float32)
+        for src, dst in script.items():
+            a, b = tokens.index(_as_token(src)), tokens.index(_as_token(dst))
+            out[b] += embd[a] / np.linalg.norm(embd[a]) * 4.0
+        w.add_tensor("output.weight", out)
+    else:
+        t("output.weight", n_vocab, N_EMBD)
     for i in range(N_LAYER):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))

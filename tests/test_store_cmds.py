@@ -28,7 +28,7 @@ def test_import_copy_and_link_then_list_show_rm(synth_model, tmp_path):
 
     listed = json.loads(run_tallow(["list", "--json"], home=home).stdout)
     assert [(m["name"], m["quantization"], m["parameters"], m["context_length"], m["linked"]) for m in listed] == [
-        ("synth:copy", "F32", 108992, 1024, False), ("synth:link", "F32", 108992, 1024, True)]
+        ("synth:copy", "F32", 109248, 1024, False), ("synth:link", "F32", 109248, 1024, True)]
     table = run_tallow(["list"], home=home).stdout.decode()
     assert "synth:copy" in table and "109K" in table and "\x1b[" not in table
 
@@ -39,10 +39,10 @@ def test_import_copy_and_link_then_list_show_rm(synth_model, tmp_path):
     assert template.startswith("{% for message in messages %}")
 
     dry = run_tallow(["rm", "synth:copy", "--dry-run"], home=home)
-    assert b"would remove synth:copy" in dry.stderr and b"would free 442" in dry.stderr
+    assert b"would remove synth:copy" in dry.stderr and b"would free 443" in dry.stderr
     assert store.get("synth:copy") is not None
     r = run_tallow(["rm", "synth:copy", "synth:link"], home=home)
-    assert r.returncode == 0 and b"freed 442" in r.stderr and b"kept linked file" in r.stderr
+    assert r.returncode == 0 and b"freed 443" in r.stderr and b"kept linked file" in r.stderr
     assert synth_model.exists() and not list(store.blobs.iterdir())
     assert json.loads(run_tallow(["list", "--json"], home=home).stdout) == []
 
