@@ -30,7 +30,7 @@ def test_import_copy_and_link_then_list_show_rm(synth_model, tmp_path):
     assert [(m["name"], m["quantization"], m["parameters"], m["context_length"], m["linked"]) for m in listed] == [
         ("synth:copy", "F32", 109248, 1024, False), ("synth:link", "F32", 109248, 1024, True)]
     table = run_tallow(["list"], home=home).stdout.decode()
-    assert "synth:copy" in table and "109K" in table and "\x1b[" not in table
+    assert "synth:copy" in table and "109.2K" in table and "\x1b[" not in table
 
     shown = json.loads(run_tallow(["show", "synth:copy", "--json"], home=home).stdout)
     assert shown["tensor_types"]["F32"]["tensors"] == 21 and shown["architecture"] == "llama"
