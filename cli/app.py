@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Callable
-
 import typer
 
 from . import settings
-from .errors import report
+from .errors import guarded
 
 app = typer.Typer(
     name="tallow",
@@ -43,27 +40,17 @@ def root(
     """Run large language models on your own machine, with honest timings."""
 
 
-def guarded(fn: Callable) -> Callable:
-    """Map every failure inside a command to a one-line error and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, typer.BadParameter):
-            raise
-        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one error boundary
-            raise typer.Exit(report(exc)) from None
-
-    return wrapper
-
-
 def _register() -> None:
+    from .chat import chat
+    from .history_cmds import logs_app
     from .run import run
     from .store_cmds import import_model, list_models, pull, rm, show
 
-    for name, fn in (("run", run), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm), ("import", import_model)):
+    commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
+                ("import", import_model))
+    for name, fn in commands:
         app.command(name=name)(guarded(fn))
+    app.add_typer(logs_app, name="logs")
 
 
 _register()

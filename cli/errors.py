@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
+from typing import Callable
+
+import typer
 
 from tallow.models.errors import TallowError
 
@@ -40,3 +44,18 @@ def report(exc: BaseException) -> int:
         return EXIT_ERROR
     _say(f"unexpected {type(exc).__name__}: {exc}", "run again with TALLOW_DEBUG=1 for the traceback, and report it")
     return EXIT_ERROR
+
+
+def guarded(fn: Callable) -> Callable:
+    """Map every failure inside a command to a one-line error and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.BadParameter):
+            raise
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one error boundary
+            raise typer.Exit(report(exc)) from None
+
+    return wrapper

@@ -23,6 +23,26 @@ RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help=
 Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, help="Random seed; the same seed and prompt give the same answer [default: random].", show_default=False)]
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
+Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
+HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
+NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
+OnOverflow = Annotated[str, typer.Option("--on-overflow", help="When the conversation outgrows the context: drop (the oldest turns, with a notice) or error.")]
+
+
+def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
+    from tallow.runtime.types import LoadSettings
+
+    from . import settings
+
+    return LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads,
+                        gpu_layers=parse_gpu_layers(gpu_layers), flash_attn=parse_flash_attn(flash_attn),
+                        echo_logs=settings.debug())
+
+
+def parse_on_overflow(value: str) -> str:
+    if value in ("drop", "error"):
+        return value
+    raise typer.BadParameter("use drop or error", param_hint="--on-overflow")
 
 
 def parse_gpu_layers(value: str) -> str:

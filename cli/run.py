@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Optional
 
 import typer
 
 from tallow.models.errors import TallowError
-from tallow.runtime.types import FinalEvent, LoadSettings, Request, Sampling
+from tallow.runtime.types import FinalEvent, Request, Sampling
 
 from . import options as o
 from . import settings
-from .errors import EXIT_INTERRUPTED, EXIT_USAGE
+from .errors import EXIT_INTERRUPTED
+from .history_cmds import log_turn, open_history
 from .models import open_model
 from .render import err_console, stats_line, stderr_is_terminal
 
@@ -25,15 +27,14 @@ def read_prompt(prompt: str | None) -> str:
         piped = sys.stdin.buffer.read().decode("utf-8", errors="replace")
     text = "\n\n".join(p for p in (piped.strip("\n"), prompt) if p)
     if not text.strip():
-        if sys.stdin.isatty():
-            raise typer.BadParameter("give a PROMPT (interactive chat is `tallow chat`, not built yet)", param_hint="PROMPT")
         raise typer.BadParameter("the prompt is empty: stdin had no text and no PROMPT was given", param_hint="PROMPT")
     return text
 
 
 def run(
     model: o.Model,
-    prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it.", show_default=False),
+    prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
+                                 "Without one, on a terminal: an interactive chat.", show_default=False),
     system: o.System = None,
     temperature: o.Temperature = 0.8,
     top_k: o.TopK = 40,
@@ -47,30 +48,41 @@ def run(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
-    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the model's chat template."),
+    raw: o.Raw = False,
     offline: o.Offline = False,
     as_json: o.Json = False,
     stats: bool = typer.Option(False, "--stats", help="Print the stats line even when stderr is not a terminal."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Never print the stats line."),
+    hide_thinking: o.HideThinking = False,
+    no_log: o.NoLog = False,
+    continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
+    cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
 ) -> None:
     """Run a model on one prompt and stream the answer.
 
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
-    load = LoadSettings(
-        n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads,
-        gpu_layers=o.parse_gpu_layers(gpu_layers), flash_attn=o.parse_flash_attn(flash_attn),
-        echo_logs=settings.debug(),
-    )
-    text = read_prompt(prompt)
+    load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
+    history = open_history(not no_log)
+    conversation_id, earlier, system = _continued(history, continue_, cid, system)
+    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json
+    text = None if interactive else read_prompt(prompt)
     name, engine = open_model(model, load, offline=offline or settings.offline())
     with engine:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        request = Request(engine.prompt_for(messages, raw=raw), max_tokens, tuple(stop or ()), sampling)
-        final = _stream(engine, request, echo=not as_json)
+        if interactive:
+            from tallow.runtime.chat import ChatSettings, Conversation
+
+            from .chat import repl
+
+            conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw), system, earlier)
+            return repl(conv, name, hide_thinking, history, conversation_id)
+        messages = ([{"role": "system", "content": system}] if system else []) + earlier + [{"role": "user", "content": text}]
+        request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling)
+        final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal())
+    log_turn(history, conversation_id, name, system, text, final)
     if as_json:
-        out = {"model": name, "text": final.text, **final.to_dict()}
+        out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
         sys.stdout.flush()
     if not quiet and (stats or stderr_is_terminal()):
@@ -79,8 +91,25 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _stream(engine, request: Request, echo: bool) -> FinalEvent:
+def _continued(history, continue_: bool, cid: str | None, system: str | None):
+    """(conversation id, earlier messages, system prompt) for --continue / --cid."""
+    from tallow.runtime.history import History
+
+    if not (continue_ or cid):
+        return History.new_conversation_id(), [], system
+    if history is None:
+        raise TallowError("there is no history log to continue from", "logging is off (tallow logs on, or unset TALLOW_NO_LOG)")
+    cid = cid or history.latest_conversation()
+    logged_system, messages, _ = history.messages(cid) if cid else (None, [], None)
+    if not messages:
+        raise TallowError(f"no logged conversation {cid!r}" if cid else "no logged conversation to continue",
+                          "see them: tallow logs")
+    return cid, messages, system if system is not None else logged_system
+
+
+def _stream(engine, request: Request, echo: bool, show_reasoning: bool) -> FinalEvent:
     out = sys.stdout
+    err = err_console() if show_reasoning else None
     events = engine.stream(request)
     final = None
     try:
@@ -88,7 +117,10 @@ def _stream(engine, request: Request, echo: bool) -> FinalEvent:
             for event in events:
                 if isinstance(event, FinalEvent):
                     final = event
-                elif echo and event.text:
+                    continue
+                if err is not None and event.reasoning:
+                    err.print(event.reasoning, style="dim", end="", markup=False)
+                if echo and event.text:
                     out.write(event.text)
                     out.flush()
         except KeyboardInterrupt:

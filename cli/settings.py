@@ -25,8 +25,9 @@ MODELS = Setting("TALLOW_MODELS", "$TALLOW_HOME/models", "where models are store
 OFFLINE = Setting("TALLOW_OFFLINE", "0", "1: never open a network connection (same as --offline)")
 DEBUG = Setting("TALLOW_DEBUG", "0", "1: show tracebacks and llama.cpp's own log")
 CONTEXT = Setting("TALLOW_CONTEXT_LENGTH", "4096", "default context size (capped at the model's trained length)")
+NO_LOG = Setting("TALLOW_NO_LOG", "0", "1: do not record runs and chats in the local history log")
 
-REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT]
+REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -41,6 +42,22 @@ def home() -> Path:
 
 def models_dir() -> Path:
     return Path(MODELS.raw()).expanduser() if MODELS.raw() else home() / "models"
+
+
+def history_path() -> Path:
+    return home() / "history.db"
+
+
+def logs_off_marker() -> Path:
+    return home() / "logs-off"
+
+
+def conversations_dir() -> Path:
+    return home() / "conversations"
+
+
+def logging_enabled() -> bool:
+    return NO_LOG.raw().strip().lower() not in _TRUE and not logs_off_marker().exists()
 
 
 def offline() -> bool:

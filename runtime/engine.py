@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ContextOverflow
-from .text import Detokenizer, StopMatcher
+from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, reasoning_markers
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
 
 _SEQ = 0
@@ -83,6 +83,17 @@ class Engine:
         if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
             tokens.insert(0, self.model.bos)
         return tokens
+
+    def request(self, messages: list[dict[str, Any]], *, raw: bool = False, **kw) -> Request:
+        """A Request for a conversation, knowing the model's reasoning markers."""
+        template = None if raw else self.chat_template()
+        markers = reasoning_markers(template.source) if template else None
+        tokens = self.prompt_for(messages, raw=raw)
+        inside = False
+        if markers:
+            tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
+            inside = opens_reasoning(tail, markers)
+        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, **kw)
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=special, parse_special=special)
@@ -165,9 +176,15 @@ class Engine:
             last = run.t_last = now
             run.n_out += 1
             text, stopped = stops.push(detok.push(model.piece(token)))
+            reasoning = ""
+            if run.splitter is not None:
+                text, reasoning, touched = run.splitter.push(text)
+                run.usage.reasoning_tokens += touched
+                if reasoning:
+                    run.reasoning_parts.append(reasoning)
             if text:
                 run.parts.append(text)
-            yield TokenEvent(text, token)
+            yield TokenEvent(text, token, reasoning)
             if stopped:
                 run.finish = "stop"
                 run.hit_stop_string = True
@@ -213,22 +230,30 @@ class _Run:
         self.hit_stop_string = False
         self.detok = Detokenizer()
         self.stops = StopMatcher(list(request.stop))
+        markers = request.reasoning_markers
+        self.splitter = ReasoningSplitter(*markers, inside=request.starts_in_reasoning) if markers else None
+        self.reasoning_parts: list[str] = []
 
     def final(self) -> FinalEvent:
-        tail = ""
+        tail = reasoning_tail = ""
         if not self.hit_stop_string:
             # Release what was held back: an incomplete character, a possible stop prefix.
             tail, stopped = self.stops.push(self.detok.flush())
             if not stopped:
                 tail += self.stops.flush()
-            self.parts.append(tail)
+        if self.splitter is not None:
+            answer, reasoning_tail, _ = self.splitter.push(tail)
+            held_answer, held_reasoning = self.splitter.flush()
+            tail, reasoning_tail = answer + held_answer, reasoning_tail + held_reasoning
+            self.reasoning_parts.append(reasoning_tail)
+        self.parts.append(tail)
         t = self.timings
         t.decode_tokens = self.n_out
         if self.t_decode_start is not None and self.t_last is not None:
             t.decode_ms = (self.t_last - self.t_decode_start) * 1000
         t.total_ms = (time.perf_counter() - self.started) * 1000
         self.usage.completion_tokens = self.n_out
-        return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail)
+        return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail, "".join(self.reasoning_parts), reasoning_tail)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -37,6 +37,7 @@ class ChatTemplate:
             self._template = _env().from_string(source)
         except JinjaError as exc:
             raise TemplateError(f"the model's chat template does not parse: {exc}", "use --raw to send the prompt as is") from exc
+        self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
 

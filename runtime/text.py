@@ -72,3 +72,58 @@ class StopMatcher:
     def flush(self) -> str:
         held, self._held = self._held, ""
         return held
+
+
+class ReasoningSplitter:
+    """Separates a model's private reasoning (between markers such as <think>...</think>)
+    from its answer, in streamed text. A possible partial marker is held back."""
+
+    def __init__(self, open_tag: str, close_tag: str, inside: bool = False) -> None:
+        self.open_tag, self.close_tag = open_tag, close_tag
+        self.inside = inside
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, str, bool]:
+        """Returns (answer text, reasoning text, whether this text touched reasoning)."""
+        buf = self._held + text
+        self._held = ""
+        answer, reasoning = [], []
+        touched = self.inside
+        while buf:
+            tag = self.close_tag if self.inside else self.open_tag
+            i = buf.find(tag)
+            if i == -1:
+                keep = _prefix_overlap(buf, tag)
+                body, self._held = buf[: len(buf) - keep], buf[len(buf) - keep:]
+                (reasoning if self.inside else answer).append(body)
+                break
+            (reasoning if self.inside else answer).append(buf[:i])
+            buf = buf[i + len(tag):]
+            self.inside = not self.inside
+            touched = True
+        return "".join(answer), "".join(reasoning), touched
+
+    def flush(self) -> tuple[str, str]:
+        held, self._held = self._held, ""
+        return ("", held) if self.inside else (held, "")
+
+
+def _prefix_overlap(buf: str, tag: str) -> int:
+    for k in range(min(len(tag) - 1, len(buf)), 0, -1):
+        if buf.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def reasoning_markers(template: str | None) -> tuple[str, str] | None:
+    """The reasoning markers a chat template declares, if any."""
+    if template and "<think>" in template and "</think>" in template:
+        return ("<think>", "</think>")
+    return None
+
+
+def opens_reasoning(prompt_text: str, markers: tuple[str, str] | None) -> bool:
+    """True when the rendered prompt leaves a reasoning block open for the model to fill."""
+    if not markers:
+        return False
+    return prompt_text.rfind(markers[0]) > prompt_text.rfind(markers[1])

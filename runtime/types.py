@@ -40,6 +40,8 @@ class Request:
     stop: tuple[str, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)
     ignore_eos: bool = False  # never sample end-of-generation (benchmarks need exact lengths)
+    reasoning_markers: tuple[str, str] | None = None  # e.g. ("<think>", "</think>")
+    starts_in_reasoning: bool = False  # the prompt opened a reasoning block
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # part of completion_tokens spent inside a reasoning block
 
 
 @dataclass
@@ -98,17 +101,30 @@ class Timings:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    text: str  # may be empty while a character or a possible stop string is held back
+    text: str  # answer text; may be empty while a character or a possible stop string is held back
     token: int
+    reasoning: str = ""  # reasoning text this token produced (never part of `text`)
 
 
 @dataclass
 class FinalEvent:
-    text: str  # the whole answer, exactly the concatenation of the TokenEvents' text
+    text: str  # the whole answer: the TokenEvents' text, then `tail`
     finish_reason: str  # stop | length | interrupted
     usage: Usage
     timings: Timings
-    tail: str = ""  # text held back until the end (not yet in any TokenEvent)
+    tail: str = ""  # answer text held back until the end (not yet in any TokenEvent)
+    reasoning: str = ""  # the whole reasoning: the TokenEvents' reasoning, then `reasoning_tail`
+    reasoning_tail: str = ""
 
     def to_dict(self) -> dict:
-        return {"finish_reason": self.finish_reason, "usage": asdict(self.usage), "timings": self.timings.summary()}
+        out = {"finish_reason": self.finish_reason, "usage": asdict(self.usage), "timings": self.timings.summary()}
+        if self.reasoning:
+            out["reasoning"] = self.reasoning
+        return out
+
+
+@dataclass(frozen=True)
+class NoticeEvent:
+    """Something the user should be told about a turn (e.g. old turns dropped to fit)."""
+
+    message: str

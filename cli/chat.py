@@ -1,0 +1,195 @@
+"""tallow chat: a multi-turn conversation in the terminal that never re-reads its history."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import typer
+
+from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
+from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling
+
+from . import options as o
+from . import settings
+from .history_cmds import log_turn, open_history
+from .models import open_model
+from .render import err_console, stats_line
+
+HELP = """commands:
+  /help                 this list
+  /clear                start a new conversation (frees its cache)
+  /system TEXT          set the system prompt
+  /set PARAM VALUE      one of: {params}
+  /show                 model, settings, context used
+  /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
+  /save NAME, /load NAME  keep a conversation, or take one up again
+  /bye                  leave (or Ctrl-D)
+a message over several lines: start it with \"\"\" and end it with \"\"\"
+Ctrl-C stops an answer; at the prompt it clears the line""".format(params=", ".join(SETTABLE))
+
+_SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def chat(
+    model: o.Model,
+    system: o.System = None,
+    temperature: o.Temperature = 0.8,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    repeat_penalty: o.RepeatPenalty = 1.0,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = None,
+    stop: o.Stop = None,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = "auto",
+    flash_attn: o.FlashAttn = "auto",
+    raw: o.Raw = False,
+    on_overflow: o.OnOverflow = "drop",
+    hide_thinking: o.HideThinking = False,
+    no_log: o.NoLog = False,
+    offline: o.Offline = False,
+) -> None:
+    """Chat with a model; each turn reuses the cache of everything said before.
+
+    Example: tallow chat smollm2:135m --system "Answer briefly."
+    """
+    load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
+    chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
+                                 o.parse_on_overflow(on_overflow), tuple(stop or ()), raw)
+    name, engine = open_model(model, load, offline=offline or settings.offline())
+    with engine:
+        repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log))
+
+
+def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None) -> None:
+    import readline  # noqa: F401 - gives input() line editing and arrow-key history
+
+    from tallow.runtime.history import History
+
+    err = err_console()
+    cid = cid or History.new_conversation_id()
+    err.print(f"chatting with {name}: /help for commands, Ctrl-D or /bye to leave", style="dim", soft_wrap=True)
+    while True:
+        try:
+            text = _read_message()
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")  # Ctrl-C at the prompt clears the line
+            continue
+        except EOFError:
+            sys.stdout.write("\n")
+            return
+        if not text.strip():
+            continue
+        if text.startswith("/"):
+            result = _command(conv, name, text.strip())
+            if result == "bye":
+                return
+            if result == "clear":
+                cid = History.new_conversation_id()
+            continue
+        final = _answer(conv, text, hide_thinking)
+        if final is not None:
+            log_turn(history, cid, name, conv.system, text, final)
+
+
+def _read_message() -> str:
+    first = input(">>> ")
+    if not first.lstrip().startswith('"""'):
+        return first
+    lines = [first.lstrip()[3:]]
+    while not lines[-1].rstrip().endswith('"""'):
+        lines.append(input("... "))
+    lines[-1] = lines[-1].rstrip()[:-3]
+    return "\n".join(lines).strip("\n")
+
+
+def _answer(conv: Conversation, text: str, hide_thinking: bool) -> FinalEvent | None:
+    from rich.console import Console
+
+    out, err = Console(highlight=False, soft_wrap=True), err_console()
+    events = conv.ask(text)
+    final = None
+    try:
+        try:
+            for event in events:
+                if isinstance(event, FinalEvent):
+                    final = event
+                elif isinstance(event, NoticeEvent):
+                    err.print(event.message, style="dim", soft_wrap=True)
+                else:
+                    _show(out, event.text, event.reasoning, hide_thinking)
+        except KeyboardInterrupt:
+            final = events.throw(KeyboardInterrupt)
+    except (KeyboardInterrupt, StopIteration):
+        sys.stdout.write("\n")
+        return None
+    except Exception as exc:  # noqa: BLE001 - a failed turn must not end the chat
+        from .errors import report
+
+        report(exc)
+        return None
+    _show(out, final.tail, final.reasoning_tail, hide_thinking)
+    if final.finish_reason == "interrupted":
+        out.print(" [interrupted]", style="dim", end="")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    err.print(stats_line(final), style="dim", soft_wrap=True)
+    return final
+
+
+def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
+    if reasoning and not hide_thinking:
+        out.print(reasoning, style="dim", end="", markup=False)
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _command(conv: Conversation, name: str, line: str) -> str | None:
+    cmd, _, arg = line.partition(" ")
+    arg = arg.strip()
+    say = err_console().print
+    if cmd in ("/bye", "/exit", "/quit"):
+        return "bye"
+    if cmd == "/help":
+        say(HELP, markup=False, soft_wrap=True)
+    elif cmd == "/clear":
+        conv.clear()
+        say("new conversation", style="dim")
+        return "clear"
+    elif cmd == "/system":
+        conv.system = arg or None
+        say("system prompt " + ("set" if arg else "cleared"), style="dim")
+    elif cmd == "/set":
+        param, _, value = arg.partition(" ")
+        try:
+            conv.set(param, value.strip())
+            say(f"{param} = {value.strip()}", style="dim")
+        except ValueError as exc:
+            say(f"error: {exc}", soft_wrap=True)
+    elif cmd == "/show":
+        s = conv.settings.sampling
+        say(f"model {name}\nsystem {conv.system!r}\ntemperature {s.temperature}, top_k {s.top_k}, top_p {s.top_p}, "
+            f"min_p {s.min_p}, repeat_penalty {s.repeat_penalty}, seed {s.seed}, max_tokens {conv.settings.max_tokens}\n"
+            f"context {conv.context_used()} / {conv.engine.n_ctx} tokens", markup=False, soft_wrap=True)
+    elif cmd == "/stats":
+        st = conv.summary()
+        say(f"turns {st['turns']} · tokens in {st['prompt_tokens']} ({st['cached_tokens']} from cache) · "
+            f"out {st['completion_tokens']} ({st['reasoning_tokens']} reasoning) · mean TTFT {st['mean_ttft_ms']:.0f} ms · "
+            f"mean decode {st['mean_decode_tps']:.1f} tok/s", soft_wrap=True)
+    elif cmd in ("/save", "/load"):
+        if not _SAVE_NAME.match(arg):
+            say(f"error: {cmd} needs a NAME of letters, digits, '.', '_' or '-'", soft_wrap=True)
+            return None
+        path = settings.conversations_dir() / f"{arg}.json"
+        try:
+            conv.save(path) if cmd == "/save" else conv.load(path)
+            say(f"{'saved to' if cmd == '/save' else 'loaded'} {path}", style="dim", soft_wrap=True)
+        except (OSError, ValueError) as exc:
+            say(f"error: {exc}", soft_wrap=True)
+    else:
+        say(f"unknown command {cmd}; /help lists them", soft_wrap=True)
+    return None

@@ -1,0 +1,162 @@
+"""A conversation over the engine: history, context policy, settings, and per-turn stats.
+
+Each turn renders the whole conversation through the chat template, and the engine
+evaluates only what follows the longest prefix its KV cache already holds: the previous
+turns are never read again unless the template renders them differently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import ContextOverflow
+from .types import FinalEvent, NoticeEvent, Sampling, TokenEvent
+
+SETTABLE = {
+    "temperature": float, "top_k": int, "top_p": float, "min_p": float,
+    "repeat_penalty": float, "seed": int, "max_tokens": int,
+}
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    ttft_ms: float
+    decode_tps: float
+
+
+@dataclass
+class ChatSettings:
+    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None
+    on_overflow: str = "drop"  # drop the oldest turns (keeping the system prompt) | error
+    stop: tuple[str, ...] = ()
+    raw: bool = False
+
+
+class Conversation:
+    def __init__(self, engine, settings: ChatSettings, system: str | None = None,
+                 messages: list[dict[str, Any]] | None = None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.system = system
+        self.messages: list[dict[str, Any]] = list(messages or [])  # user/assistant turns only
+        self.stats: list[TurnStats] = []
+
+    # -- the conversation ------------------------------------------------------------------
+    def _all(self, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages + extra
+
+    def _reserve(self) -> int:
+        """Room kept for the answer when deciding whether the prompt fits."""
+        n_ctx = self.engine.n_ctx
+        return min(self.settings.max_tokens or 512, n_ctx // 4)
+
+    def _fit(self, user: dict[str, Any]):
+        dropped = 0
+        while True:
+            request = self.engine.request(self._all([user]), raw=self.settings.raw, max_tokens=self.settings.max_tokens,
+                                          stop=self.settings.stop, sampling=self.settings.sampling)
+            if len(request.prompt_tokens) + self._reserve() <= self.engine.n_ctx:
+                return request, dropped
+            if self.settings.on_overflow == "error" or len(self.messages) < 2:
+                raise ContextOverflow(
+                    f"the conversation is {len(request.prompt_tokens)} tokens and the context holds {self.engine.n_ctx} "
+                    f"(with {self._reserve()} kept for the answer)",
+                    "/clear to start again, or a larger --ctx" + ("" if self.settings.on_overflow == "error"
+                                                                 else "; the new message alone is too long"),
+                )
+            del self.messages[:2]  # the oldest user turn and its answer
+            dropped += 1
+
+    def ask(self, text: str) -> Iterator[TokenEvent | FinalEvent | NoticeEvent]:
+        """Stream one turn. Ctrl-C (KeyboardInterrupt thrown in) ends it with a final record;
+        the partial answer stays in the conversation, marked as cut."""
+        user = {"role": "user", "content": text}
+        request, dropped = self._fit(user)
+        if dropped:
+            yield NoticeEvent(f"context full: dropped the oldest {dropped} turn{'s' * (dropped > 1)} to make room")
+        events = self.engine.stream(request)
+        final = None
+        try:
+            for event in events:
+                if isinstance(event, FinalEvent):
+                    final = event
+                else:
+                    yield event
+        except KeyboardInterrupt:
+            final = events.throw(KeyboardInterrupt)
+        self._record(user, final)
+        yield final
+
+    def _record(self, user: dict[str, Any], final: FinalEvent) -> None:
+        answer = {"role": "assistant", "content": final.text}
+        if final.reasoning:
+            # Templates that want reasoning back read `reasoning_content`; the rest ignore it.
+            answer["reasoning_content"] = final.reasoning
+        if final.finish_reason == "interrupted":
+            answer["cut"] = True
+        self.messages += [user, answer]
+        u, t = final.usage, final.timings
+        self.stats.append(TurnStats(u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.reasoning_tokens,
+                                    t.ttft_ms, t.decode_tps))
+
+    # -- commands ----------------------------------------------------------------------------
+    def clear(self) -> None:
+        self.messages.clear()
+        self.stats.clear()
+        self.engine.reset()
+
+    def set(self, name: str, value: str) -> None:
+        name = name.replace("-", "_")
+        if name not in SETTABLE:
+            raise ValueError(f"unknown setting {name!r}; one of: {', '.join(SETTABLE)}")
+        try:
+            parsed = SETTABLE[name](value)
+        except ValueError:
+            raise ValueError(f"{name} needs a {SETTABLE[name].__name__}, not {value!r}") from None
+        if name == "max_tokens":
+            self.settings.max_tokens = parsed if parsed > 0 else None
+        else:
+            self.settings.sampling = replace(self.settings.sampling, **{name: parsed})
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.stats)
+        decode = [s.decode_tps for s in self.stats if s.decode_tps]
+        return {
+            "turns": n,
+            "prompt_tokens": sum(s.prompt_tokens for s in self.stats),
+            "cached_tokens": sum(s.cached_tokens for s in self.stats),
+            "completion_tokens": sum(s.completion_tokens for s in self.stats),
+            "reasoning_tokens": sum(s.reasoning_tokens for s in self.stats),
+            "mean_ttft_ms": sum(s.ttft_ms for s in self.stats) / n if n else 0.0,
+            "mean_decode_tps": sum(decode) / len(decode) if decode else 0.0,
+        }
+
+    def context_used(self) -> int:
+        return len(self.engine.request(self._all([]), raw=self.settings.raw).prompt_tokens) if (self.messages or self.system) else 0
+
+    def save(self, path: Path) -> None:
+        from tallow.models.store import write_atomic
+
+        data = {"system": self.system, "messages": self.messages, "settings": {
+            "sampling": asdict(self.settings.sampling), "max_tokens": self.settings.max_tokens}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(data, ensure_ascii=False, indent=2).encode())
+
+    def load(self, path: Path) -> None:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") in ("user", "assistant")
+                                                     and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError(f"{path} is not a saved conversation")
+        self.system = data.get("system") if isinstance(data.get("system"), str) else None
+        self.messages = messages
+        self.stats.clear()

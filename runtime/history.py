@@ -1,0 +1,131 @@
+"""The local history log: every run and chat turn in one SQLite database.
+
+Nothing here ever leaves the machine. Schema changes are plain numbered functions,
+recorded in a table as they are applied (the convention of simonw/llm).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .types import FinalEvent
+
+
+def m001_initial(db: sqlite3.Connection) -> None:
+    db.execute("""CREATE TABLE conversations (
+        id TEXT PRIMARY KEY, model TEXT NOT NULL, created REAL NOT NULL)""")
+    db.execute("""CREATE TABLE responses (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        conversation_id TEXT NOT NULL REFERENCES conversations(id),
+        model TEXT NOT NULL, system TEXT, prompt TEXT NOT NULL, response TEXT NOT NULL,
+        finish_reason TEXT, prompt_tokens INTEGER, cached_tokens INTEGER,
+        completion_tokens INTEGER, timings TEXT, created REAL NOT NULL)""")
+    db.execute("CREATE INDEX responses_conversation ON responses(conversation_id, id)")
+
+
+def m002_reasoning(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE responses ADD COLUMN reasoning TEXT")
+    db.execute("ALTER TABLE responses ADD COLUMN reasoning_tokens INTEGER")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning]
+
+
+def migrate(db: sqlite3.Connection) -> list[str]:
+    """Apply the migrations not yet recorded; return the names applied."""
+    db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied REAL NOT NULL)")
+    done = {row[0] for row in db.execute("SELECT name FROM _migrations")}
+    applied = []
+    for fn in MIGRATIONS:
+        if fn.__name__ not in done:
+            with db:
+                fn(db)
+                db.execute("INSERT INTO _migrations VALUES (?, ?)", (fn.__name__, time.time()))
+            applied.append(fn.__name__)
+    return applied
+
+
+@dataclass
+class LoggedTurn:
+    id: int
+    conversation_id: str
+    model: str
+    system: str | None
+    prompt: str
+    response: str
+    reasoning: str | None
+    finish_reason: str | None
+    usage: dict[str, int]
+    timings: dict[str, Any]
+    created: float
+
+
+class History:
+    def __init__(self, path: Path | str) -> None:
+        self.path = path
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # a short timeout: a locked log must not hold up an answer
+        self.db = sqlite3.connect(str(path), timeout=2.0)
+        migrate(self.db)
+
+    @staticmethod
+    def new_conversation_id() -> str:
+        return uuid.uuid4().hex[:12]
+
+    def log(self, conversation_id: str, model: str, system: str | None, prompt: str, final: FinalEvent) -> int:
+        u = final.usage
+        with self.db:
+            self.db.execute("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?)", (conversation_id, model, time.time()))
+            cur = self.db.execute(
+                """INSERT INTO responses (conversation_id, model, system, prompt, response, finish_reason,
+                   prompt_tokens, cached_tokens, completion_tokens, timings, created, reasoning, reasoning_tokens)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (conversation_id, model, system, prompt, final.text, final.finish_reason, u.prompt_tokens,
+                 u.cached_tokens, u.completion_tokens, json.dumps(final.timings.summary()), time.time(),
+                 final.reasoning or None, u.reasoning_tokens),
+            )
+            return cur.lastrowid
+
+    def turns(self, limit: int | None = None, query: str | None = None, conversation: str | None = None) -> list[LoggedTurn]:
+        """Newest first."""
+        where, args = [], []
+        if query:
+            where.append("(prompt LIKE ? OR response LIKE ? OR system LIKE ?)")
+            args += [f"%{query}%"] * 3
+        if conversation:
+            where.append("conversation_id = ?")
+            args.append(conversation)
+        sql = "SELECT * FROM responses" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
+        if limit:
+            sql += " LIMIT ?"
+            args.append(limit)
+        self.db.row_factory = sqlite3.Row
+        rows = self.db.execute(sql, args).fetchall()
+        return [LoggedTurn(r["id"], r["conversation_id"], r["model"], r["system"], r["prompt"], r["response"],
+                           r["reasoning"], r["finish_reason"],
+                           {"prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
+                            "completion_tokens": r["completion_tokens"], "reasoning_tokens": r["reasoning_tokens"]},
+                           json.loads(r["timings"] or "{}"), r["created"]) for r in rows]
+
+    def latest_conversation(self) -> str | None:
+        row = self.db.execute("SELECT conversation_id FROM responses ORDER BY id DESC LIMIT 1").fetchone()
+        return row[0] if row else None
+
+    def messages(self, conversation: str) -> tuple[str | None, list[dict[str, str]], str | None]:
+        """(system, messages, model) of a logged conversation, oldest first."""
+        turns = list(reversed(self.turns(conversation=conversation)))
+        msgs: list[dict[str, str]] = []
+        for t in turns:
+            msgs += [{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.response}]
+        system = turns[-1].system if turns else None
+        return system, msgs, (turns[-1].model if turns else None)
+
+    def close(self) -> None:
+        self.db.close()
