@@ -14,7 +14,7 @@ from . import options as o
 from . import settings
 from .history_cmds import log_turn, open_history
 from .models import open_model
-from .render import err_console, stats_line
+from .render import err_console, out_console, stats_line
 
 HELP = """commands:
   /help                 this list
@@ -107,9 +107,7 @@ def _read_message() -> str:
 
 
 def _answer(conv: Conversation, text: str, hide_thinking: bool) -> FinalEvent | None:
-    from rich.console import Console
-
-    out, err = Console(highlight=False, soft_wrap=True), err_console()
+    out, err = out_console(), err_console()
     events = conv.ask(text)
     final = None
     try:
@@ -133,7 +131,7 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool) -> FinalEvent | 
         return None
     _show(out, final.tail, final.reasoning_tail, hide_thinking)
     if final.finish_reason == "interrupted":
-        out.print(" [interrupted]", style="dim", end="")
+        out.print(" [interrupted]", style="dim", end="", markup=False)
     sys.stdout.write("\n")
     sys.stdout.flush()
     err.print(stats_line(final), style="dim", soft_wrap=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Callable, Iterator
 
@@ -11,15 +12,21 @@ from rich.console import Console
 from tallow.runtime.types import FinalEvent
 
 
+def _plain() -> bool:
+    """NO_COLOR or TERM=dumb: no ANSI codes at all (Rich's own NO_COLOR still emits dim and bold)."""
+    return "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb"
+
+
 def err_console() -> Console:
-    # Rich already honours NO_COLOR and TERM=dumb and drops styling when not a terminal.
-    return Console(stderr=True, highlight=False)
+    # Rich drops styling by itself when the stream is not a terminal.
+    return Console(stderr=True, highlight=False, markup=False, **({"color_system": None} if _plain() else {}))
 
 
 def out_console() -> Console:
     """stdout; when it is not a terminal, never wrap or truncate what scripts will parse."""
     tty = sys.stdout.isatty()
-    return Console(highlight=False, soft_wrap=True, width=None if tty else 10_000)
+    return Console(highlight=False, markup=False, soft_wrap=True, width=None if tty else 10_000,
+                   **({"color_system": None} if _plain() else {}))
 
 
 def stderr_is_terminal() -> bool:

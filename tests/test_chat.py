@@ -1,0 +1,118 @@
+"""Conversations on scripted synthetic models: KV reuse per turn, reasoning, overflow, interrupts."""
+
+from __future__ import annotations
+
+import pytest
+
+from synth import write_synthetic_gguf
+from tallow.runtime.chat import ChatSettings, Conversation
+from tallow.runtime.engine import Engine
+from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.types import FinalEvent, LoadSettings, NoticeEvent, Sampling, TokenEvent
+
+GREEDY = Sampling(temperature=0)
+OK_SCRIPT = {"\n": "O", "O": "K", "K": "<|im_end|>"}
+THINK_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}{# </think> #}"
+)
+THINK_SCRIPT = {"\n": "h", "h": "m", "m": "</think>", "</think>": "O", "O": "K", "K": "<|im_end|>"}
+
+
+@pytest.fixture(scope="module")
+def ok_engine(tmp_path_factory):
+    path = write_synthetic_gguf(tmp_path_factory.mktemp("ok") / "ok.gguf", script=OK_SCRIPT)
+    with Engine(path, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def think_engine(tmp_path_factory):
+    path = write_synthetic_gguf(tmp_path_factory.mktemp("think") / "think.gguf", script=THINK_SCRIPT,
+                                template=THINK_TEMPLATE)
+    with Engine(path, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        yield engine
+
+
+def turn(conv: Conversation, text: str) -> FinalEvent:
+    events = list(conv.ask(text))
+    return events[-1]
+
+
+def test_each_turn_evaluates_only_the_new_tokens(ok_engine):
+    ok_engine.reset()
+    conv = Conversation(ok_engine, ChatSettings(GREEDY, max_tokens=20), system="Be brief.")
+    first = turn(conv, "hello there")
+    assert first.text == "OK" and first.usage.cached_tokens == 0
+    for message in ("a second message", "and a third, a little longer than the others"):
+        before = first.usage.prompt_tokens
+        final = turn(conv, message)
+        new = ok_engine.tokenize(f"<|im_end|>\n<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n", special=True)
+        assert final.timings.prefill_tokens == len(new)  # the answer's end marker, the message, the header
+        assert final.usage.cached_tokens == final.usage.prompt_tokens - len(new) > before
+        first = final
+    assert conv.summary()["turns"] == 3
+
+
+def test_reasoning_is_counted_apart_and_never_fed_back(think_engine):
+    think_engine.reset()
+    conv = Conversation(think_engine, ChatSettings(GREEDY, max_tokens=20))
+    events = list(conv.ask("hi"))
+    final = events[-1]
+    assert final.text == "OK" and final.reasoning == "hm"
+    assert final.usage.reasoning_tokens == 3 and final.usage.completion_tokens == 5  # h, m, </think> | O, K
+    assert "".join(e.reasoning for e in events if isinstance(e, TokenEvent)) == "hm"
+    assert conv.messages[-1] == {"role": "assistant", "content": "OK", "reasoning_content": "hm"}
+    second = turn(conv, "again")
+    rendered = think_engine.model.detokenize(think_engine.request(conv._all([])).prompt_tokens).decode()
+    assert "hm" not in rendered
+    # The template re-renders turn 1 without its reasoning, so reuse stops where the text
+    # diverges (the "<think>\n" the generation prompt had opened), and the stats say so.
+    assert second.usage.cached_tokens == final.usage.prompt_tokens - 2
+
+
+def test_a_full_context_drops_the_oldest_turns_with_a_notice(ok_engine):
+    ok_engine.reset()
+    conv = Conversation(ok_engine, ChatSettings(GREEDY, max_tokens=8), system="sys")
+    long = "word " * 60
+    notices = []
+    for _ in range(6):
+        notices += [e for e in conv.ask(long) if isinstance(e, NoticeEvent)]
+    assert notices and "dropped the oldest" in notices[0].message
+    assert conv.system == "sys" and len(conv.messages) < 12
+    strict = Conversation(ok_engine, ChatSettings(GREEDY, max_tokens=8, on_overflow="error"))
+    with pytest.raises(ContextOverflow, match="context holds 512"):
+        for _ in range(6):
+            turn(strict, long)
+
+
+def test_ctrl_c_keeps_the_partial_answer_and_the_chat_goes_on(tmp_path):
+    path = write_synthetic_gguf(tmp_path / "loop.gguf", script={"\n": "a", "a": "b", "b": "a"})
+    with Engine(path, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        conv = Conversation(engine, ChatSettings(GREEDY, max_tokens=300))
+        events = conv.ask("go")
+        for _ in range(10):
+            next(events)
+        final = events.throw(KeyboardInterrupt)
+        assert final.finish_reason == "interrupted" and final.text == "ab" * 5
+        assert conv.messages[-1] == {"role": "assistant", "content": "ab" * 5, "cut": True}
+        assert turn(conv, "more").finish_reason == "length"
+
+
+def test_set_save_and_load(ok_engine, tmp_path):
+    conv = Conversation(ok_engine, ChatSettings(GREEDY, max_tokens=20), system="s")
+    conv.set("temperature", "0.5")
+    conv.set("max-tokens", "7")
+    assert conv.settings.sampling.temperature == 0.5 and conv.settings.max_tokens == 7
+    with pytest.raises(ValueError, match="unknown setting"):
+        conv.set("nonsense", "1")
+    with pytest.raises(ValueError, match="needs a int"):
+        conv.set("top_k", "many")
+    turn(conv, "remember me")
+    conv.save(tmp_path / "c.json")
+    other = Conversation(ok_engine, ChatSettings(GREEDY))
+    other.load(tmp_path / "c.json")
+    assert other.system == "s" and other.messages == conv.messages
+    (tmp_path / "bad.json").write_text('{"messages": [{"role": "wizard", "content": 1}]}')
+    with pytest.raises(ValueError):
+        other.load(tmp_path / "bad.json")
