@@ -116,3 +116,18 @@ def test_set_save_and_load(ok_engine, tmp_path):
     (tmp_path / "bad.json").write_text('{"messages": [{"role": "wizard", "content": 1}]}')
     with pytest.raises(ValueError):
         other.load(tmp_path / "bad.json")
+
+
+def test_hide_thinking_shows_only_the_answer(capsys):
+    import io
+
+    from rich.console import Console
+
+    from tallow.cli.chat import _show
+
+    shown = io.StringIO()
+    _show(Console(file=shown, color_system=None), "answer", "private reasoning", hide_thinking=False)
+    assert shown.getvalue() == "private reasoning" and capsys.readouterr().out == "answer"
+    hidden = io.StringIO()
+    _show(Console(file=hidden, color_system=None), "answer", "private reasoning", hide_thinking=True)
+    assert hidden.getvalue() == "" and capsys.readouterr().out == "answer"
