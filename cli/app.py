@@ -41,6 +41,7 @@ def root(
 
 
 def _register() -> None:
+    from .cache_cmds import cache_app
     from .chat import chat
     from .history_cmds import logs_app
     from .run import run
@@ -51,6 +52,7 @@ def _register() -> None:
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.add_typer(logs_app, name="logs")
+    app.add_typer(cache_app, name="cache")
 
 
 _register()

@@ -50,6 +50,7 @@ def chat(
     on_overflow: o.OnOverflow = "drop",
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
+    no_cache: o.NoCache = False,
     offline: o.Offline = False,
 ) -> None:
     """Chat with a model; each turn reuses the cache of everything said before.
@@ -59,7 +60,7 @@ def chat(
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw)
-    name, engine = open_model(model, load, offline=offline or settings.offline())
+    name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log))
 

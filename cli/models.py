@@ -41,9 +41,19 @@ def find_model(text: str, offline: bool, force: bool = False) -> LocalModel:
     return LocalModel(manifest.name, st.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
 
 
-def open_model(text: str, load: LoadSettings, offline: bool):
-    """Return (name, Engine)."""
+def prompt_cache():
+    from tallow.runtime.prompt_cache import PromptCache
+
+    return PromptCache(settings.prompt_cache_dir(), settings.cache_max_bytes(), settings.cache_min_tokens())
+
+
+def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):
+    """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
+    from tallow.models.store import file_digest
     from tallow.runtime.engine import Engine
 
     local = find_model(text, offline)
-    return local.name, Engine(local.paths, load)
+    engine = Engine(local.paths, load)
+    if disk_cache:
+        engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
+    return local.name, engine

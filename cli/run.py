@@ -20,15 +20,16 @@ from .models import open_model
 from .render import err_console, stats_line, stderr_is_terminal
 
 
-def read_prompt(prompt: str | None) -> str:
-    """PROMPT, with piped stdin put before it. Invalid UTF-8 is replaced, not fatal."""
+def read_prompt(prompt: str | None) -> tuple[str, str | None]:
+    """(the prompt, the piped document when there is one and a PROMPT after it).
+    Piped stdin goes before PROMPT; invalid UTF-8 is replaced, not fatal."""
     piped = ""
     if not sys.stdin.isatty():
-        piped = sys.stdin.buffer.read().decode("utf-8", errors="replace")
-    text = "\n\n".join(p for p in (piped.strip("\n"), prompt) if p)
+        piped = sys.stdin.buffer.read().decode("utf-8", errors="replace").strip("\n")
+    text = "\n\n".join(p for p in (piped, prompt) if p)
     if not text.strip():
         raise typer.BadParameter("the prompt is empty: stdin had no text and no PROMPT was given", param_hint="PROMPT")
-    return text
+    return text, (piped if piped and prompt else None)
 
 
 def run(
@@ -55,6 +56,7 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Never print the stats line."),
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
+    no_cache: o.NoCache = False,
     continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
     cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
 ) -> None:
@@ -67,8 +69,8 @@ def run(
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json
-    text = None if interactive else read_prompt(prompt)
-    name, engine = open_model(model, load, offline=offline or settings.offline())
+    text, document = (None, None) if interactive else read_prompt(prompt)
+    name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
         if interactive:
             from tallow.runtime.chat import ChatSettings, Conversation
@@ -77,9 +79,14 @@ def run(
 
             conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw), system, earlier)
             return repl(conv, name, hide_thinking, history, conversation_id)
-        messages = ([{"role": "system", "content": system}] if system else []) + earlier + [{"role": "user", "content": text}]
-        request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling)
+        head = ([{"role": "system", "content": system}] if system else []) + earlier
+        messages = head + [{"role": "user", "content": text}]
+        # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
+        prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
+        request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
+                                 cache_prefixes=prefixes, disk_cache=not no_cache)
         final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal())
+        engine.save_prompt(request)
     log_turn(history, conversation_id, name, system, text, final)
     if as_json:
         out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}

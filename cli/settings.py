@@ -26,8 +26,10 @@ OFFLINE = Setting("TALLOW_OFFLINE", "0", "1: never open a network connection (sa
 DEBUG = Setting("TALLOW_DEBUG", "0", "1: show tracebacks and llama.cpp's own log")
 CONTEXT = Setting("TALLOW_CONTEXT_LENGTH", "4096", "default context size (capped at the model's trained length)")
 NO_LOG = Setting("TALLOW_NO_LOG", "0", "1: do not record runs and chats in the local history log")
+CACHE_MAX = Setting("TALLOW_CACHE_MAX", "2GiB", "size cap of the prompt cache on disk (bytes, or with KB/MB/GB/KiB/MiB/GiB)")
+CACHE_MIN = Setting("TALLOW_CACHE_MIN_TOKENS", "256", "shortest prompt prefix worth saving to the prompt cache")
 
-REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG]
+REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -42,6 +44,43 @@ def home() -> Path:
 
 def models_dir() -> Path:
     return Path(MODELS.raw()).expanduser() if MODELS.raw() else home() / "models"
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _size(setting: Setting) -> int:
+    import re
+
+    text = (setting.raw() or setting.default).strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+    if not m or m.group(2) not in _UNITS:
+        from tallow.models.errors import TallowError
+
+        raise TallowError(f"{setting.name}={setting.raw()!r} is not a size", "e.g. 2GiB, 500MB or 1073741824")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def cache_max_bytes() -> int:
+    return _size(CACHE_MAX)
+
+
+def cache_min_tokens() -> int:
+    value = (CACHE_MIN.raw() or CACHE_MIN.default).strip()
+    if not value.isdigit():
+        from tallow.models.errors import TallowError
+
+        raise TallowError(f"{CACHE_MIN.name}={value!r} is not a number of tokens")
+    return int(value)
+
+
+def prompt_cache_dir() -> Path:
+    return home() / "cache" / "prompts"
+
+
+def digest_index() -> Path:
+    return home() / "cache" / "file-digests.json"
 
 
 def history_path() -> Path:

@@ -238,3 +238,20 @@ def sha256_file(path: Path) -> str:
     except OSError as exc:
         raise TallowError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return h.hexdigest()
+
+
+def file_digest(path: Path, index: Path) -> str:
+    """sha256 of a loose file, remembered by (path, size, mtime) so it is hashed once."""
+    st = Path(path).stat()
+    key = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if key not in known:
+        known[key] = sha256_file(Path(path))
+        index.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(index, json.dumps(known).encode())
+    return known[key]

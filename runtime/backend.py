@@ -159,7 +159,7 @@ class ContextParams:
     n_ubatch: int
     n_threads: int
     flash_attn: str = "auto"
-    n_seq_max: int = 1
+    n_seq_max: int = 2  # seq 0 serves requests; seq 1 is scratch for saving prefixes
 
 
 class Context:
@@ -175,6 +175,9 @@ class Context:
         params.n_threads_batch = p.n_threads
         params.flash_attn_type = FLASH_ATTN[p.flash_attn]
         params.no_perf = True
+        # One KV buffer shared by all sequences: a scratch sequence can then copy a prefix
+        # of seq 0 (a cheap tag on the same cells) to save it without disturbing seq 0.
+        params.kv_unified = True
         _log_tail.clear()
         ptr = C.llama_init_from_model(model.ptr, params)
         if not ptr:
@@ -217,6 +220,23 @@ class Context:
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def save_seq(self, path: Path, seq_id: int, tokens: list[int]) -> int:
+        """Write a sequence's KV state and its tokens to `path`; returns bytes written (0: failed)."""
+        arr = (C.llama_token * len(tokens))(*tokens)
+        return C.llama_state_seq_save_file(self.ptr, str(path).encode(), seq_id, arr, len(tokens))
+
+    def load_seq(self, path: Path, seq_id: int, capacity: int) -> list[int] | None:
+        """Load a saved state into a sequence; returns its tokens, or None when llama.cpp refuses it."""
+        arr = (C.llama_token * capacity)()
+        count = ctypes.c_size_t(0)
+        n = C.llama_state_seq_load_file(self.ptr, str(path).encode(), seq_id, arr, capacity, ctypes.byref(count))
+        if n == 0:
+            return None
+        return list(arr[: count.value])
 
     def close(self) -> None:
         if self.ptr:

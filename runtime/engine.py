@@ -15,6 +15,7 @@ from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, 
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
 
 _SEQ = 0
+_SCRATCH = 1  # holds a copy of a prefix of seq 0 while it is saved
 
 
 def physical_cores() -> int:
@@ -57,6 +58,8 @@ class Engine:
         self.n_batch = self.ctx.n_batch
         self._kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
         self._template = None
+        self._settings = settings
+        self._disk = None  # (PromptCache, fingerprint) once attached
         self.load_ms = (time.perf_counter() - started) * 1000
 
     # -- prompts ---------------------------------------------------------------------------
@@ -84,8 +87,11 @@ class Engine:
             tokens.insert(0, self.model.bos)
         return tokens
 
-    def request(self, messages: list[dict[str, Any]], *, raw: bool = False, **kw) -> Request:
-        """A Request for a conversation, knowing the model's reasoning markers."""
+    def request(self, messages: list[dict[str, Any]], *, raw: bool = False,
+                cache_prefixes: list[list[dict[str, Any]]] = (), **kw) -> Request:
+        """A Request for a conversation, knowing the model's reasoning markers. Each of
+        `cache_prefixes` (a shorter conversation: the system prompt alone, a document
+        without the question) marks where a prefix worth keeping on disk ends."""
         template = None if raw else self.chat_template()
         markers = reasoning_markers(template.source) if template else None
         tokens = self.prompt_for(messages, raw=raw)
@@ -93,7 +99,76 @@ class Engine:
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
             inside = opens_reasoning(tail, markers)
-        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, **kw)
+        points = []
+        for prefix in cache_prefixes:
+            rendered = self._render_prefix(prefix, raw)
+            points.append(_common_prefix(rendered, tokens))
+        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points), **kw)
+
+    def _render_prefix(self, messages: list[dict[str, Any]], raw: bool) -> list[int]:
+        template = None if raw else self.chat_template()
+        if template is None:
+            return self.prompt_for(messages, raw=True)
+        return self.model.tokenize(template.render(messages, add_generation_prompt=False), add_special=False,
+                                   parse_special=True)
+
+    # -- the disk cache of prompt prefixes ---------------------------------------------------
+    def use_prompt_cache(self, cache, model_sha256: str) -> None:
+        """Attach a PromptCache; states are keyed by everything that shapes the KV contents."""
+        from .prompt_cache import fingerprint
+
+        s = self._settings
+        self._disk = (cache, fingerprint({
+            "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": "f16", "type_v": "f16",
+            "flash_attn": s.flash_attn, "rope": "model", "kv_unified": True, "llama_cpp": self._backend_version(),
+        }))
+
+    @staticmethod
+    def _backend_version() -> str:
+        from importlib.metadata import version
+
+        return version("llama-cpp-python")
+
+    def _load_from_disk(self, run: _Run, prompt: list[int], cached: int) -> int:
+        """Load the longest saved prefix that beats what memory holds; returns tokens cached."""
+        cache, fp = self._disk
+        entry = cache.lookup(fp, prompt)
+        if entry is None or len(entry.tokens) <= cached + 1 or not cache.verify(entry):
+            return cached
+        self.ctx.seq_rm(_SEQ, 0, -1)
+        self._kv.clear()
+        loaded = self.ctx.load_seq(entry.state_path, _SEQ, len(entry.tokens))
+        if loaded != entry.tokens:  # refused or not what the record says: never use it
+            self.ctx.seq_rm(_SEQ, 0, -1)
+            cache.remove(entry)
+            run.usage.cache_source = None
+            return 0
+        self._kv.extend(loaded)
+        cache.touch(entry)
+        run.usage.cache_source = "disk"
+        return min(len(loaded), len(prompt) - 1)
+
+    def save_prompt(self, request: Request) -> int:
+        """Save the request's prompt, and its cache points, to the disk cache (after the
+        answer, so it never delays one). Returns how many entries were written."""
+        if self._disk is None or not request.disk_cache:
+            return 0
+        cache, fp = self._disk
+        prompt = request.prompt_tokens
+        written = 0
+        # The whole prompt but its last token: a later run loads it and evaluates that token
+        # into the very next cell, exactly as this run did (no hole left by trimming the
+        # KV, which would shift llama.cpp's summation order and, at temperature 0, the answer).
+        for n in sorted({*request.cache_points, len(prompt) - 1}):
+            tokens = prompt[:n]
+            if n < cache.min_tokens or self._kv[:n] != tokens or cache.has(fp, tokens):
+                continue
+            self.ctx.seq_cp(_SEQ, _SCRATCH, 0, n)
+            try:
+                written += cache.put(fp, tokens, lambda path: self.ctx.save_seq(path, _SCRATCH, tokens)) is not None
+            finally:
+                self.ctx.seq_rm(_SCRATCH, 0, -1)
+        return written
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=special, parse_special=special)
@@ -125,14 +200,24 @@ class Engine:
         cached = _common_prefix(self._kv, prompt)
         if cached == len(prompt):
             cached -= 1  # the last prompt token must be evaluated again to get its logits
+        run.usage.cache_source = "memory" if cached else None
+        if self._disk is not None and run.request.disk_cache:
+            cached = self._load_from_disk(run, prompt, cached)
         self.ctx.seq_rm(_SEQ, cached, -1)
         del self._kv[cached:]
         run.usage.cached_tokens = cached
         todo = prompt[cached:]
+        # A prompt that will be saved to disk gets its last token evaluated alone, as a later
+        # run that loads the saved state must: llama.cpp's logits differ in the last bits
+        # between batch sizes, and at temperature 0 that could change the answer.
+        split = self._disk is not None and run.request.disk_cache and len(prompt) >= self._disk[0].min_tokens
+        body = todo[: len(todo) - split] if todo else todo
+        chunks = [body[i:i + self.n_batch] for i in range(0, len(body), self.n_batch)]
+        if split and todo:
+            chunks.append(todo[-1:])
         # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory.
-        for i in range(0, len(todo), self.n_batch):
-            chunk = todo[i:i + self.n_batch]
-            self.ctx.decode(chunk, len(self._kv), _SEQ, want_last_logits=i + self.n_batch >= len(todo))
+        for n, chunk in enumerate(chunks):
+            self.ctx.decode(chunk, len(self._kv), _SEQ, want_last_logits=n == len(chunks) - 1)
             self._kv.extend(chunk)
         run.timings.prefill_tokens = len(todo)
 

@@ -42,6 +42,8 @@ class Request:
     ignore_eos: bool = False  # never sample end-of-generation (benchmarks need exact lengths)
     reasoning_markers: tuple[str, str] | None = None  # e.g. ("<think>", "</think>")
     starts_in_reasoning: bool = False  # the prompt opened a reasoning block
+    cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
+    disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Usage:
     cached_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # part of completion_tokens spent inside a reasoning block
+    cache_source: str | None = None  # where cached_tokens came from: "memory" or "disk"
 
 
 @dataclass
