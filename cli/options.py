@@ -25,6 +25,7 @@ MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, h
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far (same answer, faster when the answer repeats its input).", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
 OnOverflow = Annotated[str, typer.Option("--on-overflow", help="When the conversation outgrows the context: drop (the oldest turns, with a notice) or error.")]
@@ -58,3 +59,9 @@ def parse_flash_attn(value: str) -> str:
     if value in ("auto", "on", "off"):
         return value
     raise typer.BadParameter("use auto, on or off", param_hint="--flash-attn")
+
+
+def parse_draft(value: str | None) -> str | None:
+    if value is None or value == "lookup":
+        return value
+    raise typer.BadParameter("the only draft method is 'lookup'", param_hint="--draft")

@@ -82,7 +82,7 @@ def human_count(n: int | None) -> str:
 def stats_line(final: FinalEvent) -> str:
     u, t = final.usage, final.timings
     parts = [
-        f"prompt {u.prompt_tokens} tok ({u.cached_tokens} cached)",
+        f"prompt {u.prompt_tokens} tok ({u.cached_tokens} cached{' from disk' if u.cache_source == 'disk' else ''})",
         f"TTFT {t.ttft_ms:.0f} ms",
         f"prefill {t.prefill_tps:.1f} tok/s",
         f"output {u.completion_tokens} tok",
@@ -90,6 +90,8 @@ def stats_line(final: FinalEvent) -> str:
         f"ITL p50 {t.itl_percentile(50):.1f} ms p95 {t.itl_percentile(95):.1f} ms",
         f"load {t.load_ms:.0f} ms",
     ]
+    if u.draft_tokens:
+        parts.append(f"draft {u.accepted_tokens}/{u.draft_tokens} accepted ({u.acceptance:.0%})")
     if final.finish_reason != "stop":
         parts.append(final.finish_reason)
     return " · ".join(parts)

@@ -57,6 +57,7 @@ def run(
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
+    draft: o.Draft = None,
     continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
     cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
 ) -> None:
@@ -84,7 +85,7 @@ def run(
         # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
         prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
-                                 cache_prefixes=prefixes, disk_cache=not no_cache)
+                                 cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft))
         final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal())
         engine.save_prompt(request)
     log_turn(history, conversation_id, name, system, text, final)

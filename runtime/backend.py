@@ -192,8 +192,9 @@ class Context:
         self._batch = C.llama_batch_init(self.n_batch, 0, p.n_seq_max)
         self._b = self._batch  # fields are pointers into C memory, filled in place
 
-    def decode(self, tokens: list[int], pos0: int, seq_id: int = 0, want_last_logits: bool = True) -> None:
-        """Evaluate `tokens` at positions pos0.. of one sequence; logits only for the last."""
+    def decode(self, tokens: list[int], pos0: int, seq_id: int = 0, want_last_logits: bool = True,
+               all_logits: bool = False) -> None:
+        """Evaluate `tokens` at positions pos0.. of one sequence; logits for the last (or all)."""
         b = self._b
         n = len(tokens)
         if n > self.n_batch:
@@ -204,7 +205,7 @@ class Context:
             pos[i] = pos0 + i
             nseq[i] = 1
             seq[i][0] = seq_id
-            logits[i] = 0
+            logits[i] = all_logits
         if want_last_logits:
             logits[n - 1] = 1
         b.n_tokens = n

@@ -242,46 +242,54 @@ class Engine:
             sampler.close()
 
     def _decode_loop(self, run: _Run, sampler) -> Iterator[TokenEvent]:
-        model, ctx, kv = self.model, self.ctx, self._kv
-        max_tokens = run.request.max_tokens
-        detok, stops = run.detok, run.stops
-        gaps = run.timings.itl_ms
-        perf = time.perf_counter
-        last = None
+        if run.request.draft == "lookup":
+            from .speculative import lookup_decode
+
+            yield from lookup_decode(self, run, sampler)
+            return
+        ctx, kv, take = self.ctx, self._kv, self._take
         while True:
             token = sampler.sample(ctx, -1)
-            now = perf()
-            if model.is_eog(token):
-                run.finish = "stop"
-                return
-            if last is None:
-                run.timings.ttft_ms = (now - run.started) * 1000
-            else:
-                gaps.append((now - last) * 1000)
-            last = run.t_last = now
-            run.n_out += 1
-            text, stopped = stops.push(detok.push(model.piece(token)))
-            reasoning = ""
-            if run.splitter is not None:
-                text, reasoning, touched = run.splitter.push(text)
-                run.usage.reasoning_tokens += touched
-                if reasoning:
-                    run.reasoning_parts.append(reasoning)
-            if text:
-                run.parts.append(text)
-            yield TokenEvent(text, token, reasoning)
-            if stopped:
-                run.finish = "stop"
-                run.hit_stop_string = True
-                return
-            if max_tokens is not None and run.n_out >= max_tokens:
-                run.finish = "length"
+            event, done = take(run, token)
+            if event is not None:
+                yield event
+            if done:
                 return
             if len(kv) >= self.n_ctx:
                 run.finish = "length"  # the context is full
                 return
             ctx.decode([token], len(kv), _SEQ)
             kv.append(token)
+
+    def _take(self, run: _Run, token: int) -> tuple[TokenEvent | None, bool]:
+        """Account for one sampled token: (its event, whether the answer is over)."""
+        now = time.perf_counter()
+        if self.model.is_eog(token):
+            run.finish = "stop"
+            return None, True
+        if run.t_last is None:
+            run.timings.ttft_ms = (now - run.started) * 1000
+        else:
+            run.timings.itl_ms.append((now - run.t_last) * 1000)
+        run.t_last = now
+        run.n_out += 1
+        text, stopped = run.stops.push(run.detok.push(self.model.piece(token)))
+        reasoning = ""
+        if run.splitter is not None:
+            text, reasoning, touched = run.splitter.push(text)
+            run.usage.reasoning_tokens += touched
+            if reasoning:
+                run.reasoning_parts.append(reasoning)
+        if text:
+            run.parts.append(text)
+        if stopped:
+            run.finish, run.hit_stop_string = "stop", True
+            return TokenEvent(text, token, reasoning), True
+        max_tokens = run.request.max_tokens
+        if max_tokens is not None and run.n_out >= max_tokens:
+            run.finish = "length"
+            return TokenEvent(text, token, reasoning), True
+        return TokenEvent(text, token, reasoning), False
 
     def reset(self) -> None:
         """Forget every cached token (the next prompt is evaluated in full)."""

@@ -44,6 +44,7 @@ class Request:
     starts_in_reasoning: bool = False  # the prompt opened a reasoning block
     cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
+    draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
 
 
 @dataclass
@@ -53,6 +54,12 @@ class Usage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # part of completion_tokens spent inside a reasoning block
     cache_source: str | None = None  # where cached_tokens came from: "memory" or "disk"
+    draft_tokens: int = 0  # tokens proposed by speculative decoding
+    accepted_tokens: int = 0  # ... of which the model confirmed
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
 
 @dataclass

@@ -174,3 +174,16 @@ def test_ctrl_c_stops_prints_partial_answer_and_stats(default_home):
     assert (first + rest).strip()
     stats = err.decode()
     assert "TTFT" in stats and "interrupted" in stats
+
+
+def test_lookup_draft_gives_the_same_answer_and_reports_acceptance(default_home):
+    args = ["run", MODEL, "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps.",
+            "-n", "40", *GREEDY, "--json", "--no-cache"]
+    plain = as_json(run_tallow(args, home=default_home))
+    fast = as_json(run_tallow([*args, "--draft", "lookup"], home=default_home))
+    assert fast["text"] == plain["text"]
+    assert fast["usage"]["draft_tokens"] >= fast["usage"]["accepted_tokens"] > 0
+    stats = run_tallow([*args[:-2], "--stats", "--draft", "lookup"], home=default_home).stderr.decode()
+    assert "accepted (" in stats
+    bad = run_tallow([*args, "--draft", "tiny-model"], home=default_home)
+    assert bad.returncode == 2 and b"lookup" in bad.stderr

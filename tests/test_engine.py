@@ -141,3 +141,41 @@ def test_hostile_template_is_refused_without_running_code(synth_engine):
 def test_template_renders_chatml(synth_engine):
     text = synth_engine.chat_template().render([{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0), Sampling(temperature=0, repeat_penalty=1.3)])
+def test_lookup_drafts_never_change_a_greedy_answer(synth_engine, sampling):
+    # a prompt full of repeats, so the n-gram lookup has drafts to offer
+    p = synth_engine.tokenize("the cat sat on the mat. the cat sat on the mat. the cat sat on the " * 3)
+    plain = collect(synth_engine, Request(p, 150, (), sampling, ignore_eos=True))
+    fast = collect(synth_engine, Request(p, 150, (), sampling, ignore_eos=True, draft="lookup"))
+    assert fast[0] == plain[0] and fast[1] == plain[1]
+    u = fast[2].usage
+    assert u.completion_tokens == 150 and 0 <= u.accepted_tokens <= u.draft_tokens
+    # the KV cache holds exactly what plain decoding leaves: a follow-up reuses it all
+    follow = collect(synth_engine, Request(p + fast[0][:-1] + [65], 2, (), sampling))
+    assert follow[2].usage.cached_tokens == len(p) + 149
+
+
+def test_lookup_accepts_drafts_when_the_answer_repeats(tmp_path):
+    from synth import write_synthetic_gguf
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    path = write_synthetic_gguf(tmp_path / "loop.gguf", script={"\n": "a", "a": "b", "b": "c", "c": "a"})
+    with Engine(path, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        p = engine.tokenize("abcabc\n")
+        plain = collect(engine, Request(p, 100, (), Sampling(temperature=0)))
+        fast = collect(engine, Request(p, 100, (), Sampling(temperature=0), draft="lookup"))
+        assert fast[1] == plain[1] == ("abc" * 34)[:100]
+        u = fast[2].usage
+        assert u.accepted_tokens > 60 and u.accepted_tokens >= 0.8 * u.draft_tokens  # nearly every guess right
+        assert fast[2].finish_reason == "length"
+        # a prompt whose n-grams lead astray ("cab" was followed by "d"): drafts are rejected,
+        # the wrong cells dropped, and the answer is still the plain one
+        p = engine.tokenize("abcabdabcabdabcabd\n")
+        plain = collect(engine, Request(p, 60, (), Sampling(temperature=0)))
+        fast = collect(engine, Request(p, 60, (), Sampling(temperature=0), draft="lookup"))
+        assert fast[1] == plain[1]
+        u = fast[2].usage
+        assert 0 < u.accepted_tokens < u.draft_tokens
