@@ -26,6 +26,8 @@ Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when thi
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far (same answer, faster when the answer repeats its input).", show_default=False)]
+Format = Annotated[Optional[str], typer.Option("--format", help="'json': the answer is always one JSON object (grammar-constrained).", show_default=False)]
+JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
 OnOverflow = Annotated[str, typer.Option("--on-overflow", help="When the conversation outgrows the context: drop (the oldest turns, with a notice) or error.")]
@@ -65,3 +67,45 @@ def parse_draft(value: str | None) -> str | None:
     if value is None or value == "lookup":
         return value
     raise typer.BadParameter("the only draft method is 'lookup'", param_hint="--draft")
+
+
+def structured(format_: str | None, json_schema: str | None):
+    """(grammar, schema) for --format / --json-schema; errors before anything is loaded."""
+    from pathlib import Path
+
+    from tallow.runtime.grammar import grammar_for, load_schema
+
+    if format_ not in (None, "json"):
+        raise typer.BadParameter("the only format is 'json'", param_hint="--format")
+    schema = None
+    if json_schema is not None:
+        text = json_schema
+        if not json_schema.lstrip().startswith(("{", "true", "false")):
+            try:
+                text = Path(json_schema).expanduser().read_text(encoding="utf-8")
+            except OSError as exc:
+                raise typer.BadParameter(f"cannot read {json_schema}: {exc.strerror or exc}", param_hint="--json-schema")
+        schema = load_schema(text)
+    return grammar_for(format_ == "json", schema), schema
+
+
+def check_structured(text: str, finish_reason: str, schema) -> None:
+    """The grammar makes every complete answer parse; say so loudly when it is not complete."""
+    import json
+
+    from tallow.models.errors import TallowError
+
+    if finish_reason != "stop":
+        raise TallowError(f"the JSON answer was cut ({finish_reason}) and is incomplete", "raise --max-tokens or --ctx")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise TallowError(f"the answer is not valid JSON: {exc}") from exc
+    if schema is not None:
+        from jsonschema import ValidationError
+        from jsonschema.validators import validator_for
+
+        try:
+            validator_for(schema)(schema).validate(value)
+        except ValidationError as exc:
+            raise TallowError(f"the answer does not follow the schema: {exc.message}") from exc

@@ -58,6 +58,8 @@ def run(
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
     draft: o.Draft = None,
+    format_: o.Format = None,
+    json_schema: o.JsonSchema = None,
     continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
     cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
 ) -> None:
@@ -67,6 +69,7 @@ def run(
     """
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
+    grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json
@@ -85,7 +88,8 @@ def run(
         # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
         prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
-                                 cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft))
+                                 cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
+                                 grammar=grammar)
         final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal())
         engine.save_prompt(request)
     log_turn(history, conversation_id, name, system, text, final)
@@ -97,6 +101,8 @@ def run(
         err_console().print(stats_line(final), style="dim", soft_wrap=True)
     if final.finish_reason == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
+    if grammar is not None:
+        o.check_structured(final.text, final.finish_reason, schema)
 
 
 def _continued(history, continue_: bool, cid: str | None, system: str | None):

@@ -64,6 +64,23 @@ def _load_from_splits():
     return fn
 
 
+def json_grammar() -> str:
+    """llama.cpp's grammar for any JSON object."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
+def schema_grammar(schema_json: str) -> str:
+    """A grammar accepting exactly the JSON documents a schema allows (llama.cpp's converter)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    # The converter's string characters admit raw control characters, which JSON forbids
+    # (an answer with a raw newline in a string would not parse): exclude them, as
+    # llama.cpp's own JSON grammar does.
+    return json_schema_to_gbnf(schema_json).replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
+
+
 FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
@@ -256,6 +273,7 @@ class SamplerParams:
     repeat_last_n: int
     seed: int
     banned: tuple[int, ...] = ()  # tokens that may never be sampled (e.g. end-of-generation)
+    grammar: str | None = None  # GBNF, already checked (runtime/grammar.py)
 
 
 class Sampler:
@@ -264,6 +282,12 @@ class Sampler:
     def __init__(self, model: Model, p: SamplerParams) -> None:
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if p.grammar:
+            g = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode("utf-8"), b"root")
+            if not g:
+                C.llama_sampler_free(chain)
+                raise BackendError("llama.cpp refused the grammar" + (f": {last_log_error()}" if last_log_error() else ""))
+            add(g)
         if p.banned:
             bias = (C.llama_logit_bias * len(p.banned))(*[C.llama_logit_bias(t, float("-inf")) for t in p.banned])
             add(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.banned), bias))

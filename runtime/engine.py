@@ -226,8 +226,8 @@ class Engine:
 
         s = run.request.sampling
         banned = self.model.eog_tokens() if run.request.ignore_eos else ()
-        sampler = Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p,
-                                                    s.repeat_penalty, s.repeat_last_n, s.resolved_seed(), banned))
+        sampler = Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
+                                                    s.repeat_last_n, s.resolved_seed(), banned, run.request.grammar))
         try:
             t0 = run.started
             self._prefill(run, prompt)

@@ -15,3 +15,7 @@ class ContextOverflow(TallowError):
 
 class TemplateError(TallowError):
     """A chat template failed, or was unsafe or too expensive to render."""
+
+
+class GrammarError(TallowError):
+    """A grammar or JSON schema that cannot constrain decoding."""

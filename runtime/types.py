@@ -45,6 +45,7 @@ class Request:
     cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
     draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
+    grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
 
 
 @dataclass

@@ -1,0 +1,120 @@
+"""Structured output: a GBNF grammar from `--format json` or a JSON schema, checked before
+llama.cpp sees it (llama.cpp's grammar parser can crash the process on malformed input)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import GrammarError
+
+_IDENT = re.compile(r"[a-zA-Z0-9_-]+")
+_REPEAT = re.compile(r"\{\s*(\d*)\s*(,?)\s*(\d*)\s*\}")
+MAX_GRAMMAR_CHARS = 1_000_000
+
+
+def _skip_literal(text: str, i: int, end: str) -> int:
+    """Index after a quoted literal or a character class that starts at text[i]."""
+    i += 1
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == end:
+            return i + 1
+        if c == "\n":
+            break
+        i += 1
+    raise GrammarError(f"unterminated {'string' if end == chr(34) else 'character class'} in grammar at offset {i}")
+
+
+def check_gbnf(text: str) -> None:
+    """Syntax and reference checks: every rule used is defined, `root` exists, literals end,
+    brackets balance, repetitions are well formed."""
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise GrammarError("the grammar is too large")
+    defined, used, depth, i = set(), set(), 0, 0
+    expect_rule = True
+    while i < len(text):
+        c = text[i]
+        if c == "#":
+            while i < len(text) and text[i] != "\n":
+                i += 1
+        elif c.isspace():
+            i += 1
+        elif expect_rule and not _IDENT.match(text, i):
+            raise GrammarError(f"the grammar must start with a rule ('name ::= ...'), found {c!r}")
+        elif c == '"':
+            i = _skip_literal(text, i, '"')
+        elif c == "[":
+            i = _skip_literal(text, i, "]")
+        elif c == "(":
+            depth, i = depth + 1, i + 1
+        elif c == ")":
+            depth, i = depth - 1, i + 1
+            if depth < 0:
+                raise GrammarError("unbalanced ')' in grammar")
+        elif c in "|*+?.":
+            i += 1
+        elif c == "{":
+            m = _REPEAT.match(text, i)
+            if not m or (m.group(1) and m.group(3) and int(m.group(1)) > int(m.group(3))) or not (m.group(1) or m.group(3)):
+                raise GrammarError(f"bad repetition in grammar at offset {i}")
+            i = m.end()
+        elif m := _IDENT.match(text, i):
+            name, i = m.group(), m.end()
+            rest = text[i:].lstrip(" \t")
+            if rest.startswith("::="):
+                if depth:
+                    raise GrammarError(f"rule {name!r} starts inside brackets")
+                defined.add(name)
+                i = len(text) - len(rest) + 3
+                expect_rule = False
+            else:
+                if expect_rule:
+                    raise GrammarError(f"the grammar must start with a rule ('name ::= ...'), found {name!r}")
+                used.add(name)
+        else:
+            raise GrammarError(f"unexpected {c!r} in grammar at offset {i}")
+    if depth:
+        raise GrammarError("unbalanced '(' in grammar")
+    if "root" not in defined:
+        raise GrammarError("the grammar has no 'root' rule")
+    missing = sorted(used - defined)
+    if missing:
+        raise GrammarError(f"the grammar uses undefined rules: {', '.join(missing)}")
+
+
+def load_schema(text: str) -> dict[str, Any]:
+    """Parse and check a JSON schema (the text of one, not a path)."""
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from exc
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError("a JSON schema must be an object")
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        raise GrammarError(f"invalid JSON schema: {exc.message}", "see https://json-schema.org for the format") from exc
+    return schema
+
+
+def grammar_for(json_format: bool, schema: dict[str, Any] | None) -> str | None:
+    """The grammar for `--format json` or `--json-schema`, checked; None when neither."""
+    if schema is None and not json_format:
+        return None
+    from . import backend
+
+    try:
+        text = backend.json_grammar() if schema is None else backend.schema_grammar(json.dumps(schema))
+    except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as exc:
+        raise GrammarError(f"cannot turn the JSON schema into a grammar: {exc}",
+                           "simplify the schema (remote $refs and some keywords are not supported)") from exc
+    check_gbnf(text)
+    return text
