@@ -1,0 +1,9 @@
+"""Errors raised while quantizing or evaluating."""
+
+from __future__ import annotations
+
+from tallow.models.errors import TallowError
+
+
+class QuantizeError(TallowError):
+    pass

@@ -1,0 +1,114 @@
+"""Quantize a model into a new stored model, in a child process, leaving nothing behind on failure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tallow.models.download import check_disk, disk_free
+from tallow.models.gguf_file import read_gguf
+from tallow.models.pull import gguf_facts
+from tallow.models.resolve import LocalModel
+from tallow.models.store import Manifest, Store, StoredFile, sha256_file
+
+from .errors import QuantizeError
+from .types import SOURCE_TYPES, ggml_type_id, quant_type
+
+ProgressFn = Callable[[int, int, str], None]  # (tensors done, tensors in all, tensor name)
+
+
+@dataclass
+class QuantizeOptions:
+    type: str
+    name: str
+    imatrix: Path | None = None
+    allow_requantize: bool = False
+    leave_output_tensor: bool = False
+    pure: bool = False
+    output_tensor_type: str | None = None
+    token_embedding_type: str | None = None
+    threads: int = 0  # 0: llama.cpp decides
+    free_space: Callable[[Path], int] = disk_free
+
+
+def _plan(source: LocalModel, opts: QuantizeOptions):
+    qt = quant_type(opts.type)
+    if len(source.paths) > 1:
+        raise QuantizeError(f"{source.name} is split into {len(source.paths)} files; tallow quantizes single-file models")
+    info = read_gguf(source.path)  # bounded checks before llama.cpp sees the file
+    have = info.file_type or "?"
+    if have not in SOURCE_TYPES and not opts.allow_requantize:
+        raise QuantizeError(f"{source.name} is already quantized ({have}); quantizing it again loses more quality than "
+                            "quantizing the original", "start from an F16/BF16/F32 model, or pass --allow-requantize")
+    if qt.needs_imatrix and opts.imatrix is None:
+        raise QuantizeError(f"{qt.name} needs an importance matrix",
+                            f"make one: tallow imatrix {source.name} --text FILE, then pass --imatrix")
+    if opts.imatrix is not None and not Path(opts.imatrix).is_file():
+        raise QuantizeError(f"no such imatrix file: {opts.imatrix}")
+    return qt, info
+
+
+def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_progress: ProgressFn | None = None) -> Manifest:
+    qt, info = _plan(source, opts)
+    estimate = int(info.n_params * max(qt.bits_per_weight, 4.0) / 8 * 1.15) + (1 << 20)
+    check_disk(store, estimate, f"the {qt.name} file", opts.free_space)
+    try:
+        output = store.temp_file(f".{qt.name}.gguf.partial")
+    except OSError as exc:
+        raise QuantizeError(f"cannot write in {store.tmp}: {exc.strerror or exc}", "check the permissions of TALLOW_MODELS") from exc
+    try:
+        _run_worker(source, output, qt, opts, on_progress)
+        result = read_gguf(output)
+        digest = f"sha256-{sha256_file(output)}"
+        size = output.stat().st_size
+        store.adopt_blob(output, digest)
+    finally:
+        output.unlink(missing_ok=True)
+    from importlib.metadata import version
+
+    source_info = {"kind": "quantize", "from": source.name, "from_digest": source.sha256, "type": qt.name,
+                   "imatrix_digest": sha256_file(Path(opts.imatrix)) if opts.imatrix else None,
+                   "llama_cpp_python": version("llama-cpp-python"), "source_file_type": info.file_type}
+    manifest = Manifest(opts.name, [StoredFile(f"{opts.name.replace('/', '-')}.gguf", digest, size)], source_info,
+                        None, gguf_facts([result]))
+    store.commit(manifest)
+    return manifest
+
+
+def _run_worker(source: LocalModel, output: Path, qt, opts: QuantizeOptions, on_progress: ProgressFn | None) -> None:
+    args = {
+        "source": str(source.path), "output": str(output), "ftype": qt.ftype, "threads": opts.threads,
+        "allow_requantize": opts.allow_requantize, "leave_output_tensor": opts.leave_output_tensor, "pure": opts.pure,
+        "output_tensor_type": ggml_type_id(opts.output_tensor_type) if opts.output_tensor_type else None,
+        "token_embedding_type": ggml_type_id(opts.token_embedding_type) if opts.token_embedding_type else None,
+        "imatrix": str(opts.imatrix) if opts.imatrix else None,
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "tallow.quantize.worker", json.dumps(args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    error = None
+    try:
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "error" in msg:
+                error = msg["error"]
+            elif on_progress:
+                on_progress(msg["done"], msg["total"], msg["tensor"])
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if rc != 0:
+        detail = error or (proc.stderr.read().strip().splitlines() or [""])[-1]
+        how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+        if not detail and rc < 0:
+            detail = "llama.cpp aborted"
+        raise QuantizeError(f"quantization failed ({how}): {detail}".rstrip(": "),
+                            "check free disk space and the source model; nothing was stored")
