@@ -34,6 +34,7 @@ def quantize(
     token_embedding_type: Optional[str] = typer.Option(None, "--token-embedding-type", help="The type of token_embd.weight.", show_default=False),
     threads: o.Threads = None,
     list_types: bool = typer.Option(False, "--list", help="List every type with its bits per weight, and exit."),
+    report: bool = typer.Option(False, "--report", help="Then measure the result against the source (the trade-off table)."),
     offline: o.Offline = False,
 ) -> None:
     """Quantize a model into a new stored model (in a child process; nothing is kept on failure).
@@ -63,6 +64,13 @@ def quantize(
     bpw = manifest.size * 8 / params if params else 0
     err_console().print(f"stored {manifest.name}: {human_bytes(before)} -> {human_bytes(manifest.size)} "
                         f"({bpw:.2f} bits per weight)", soft_wrap=True)
+    if report:
+        from tallow.quantize.compare import compare_models
+
+        result = find_model(manifest.name, offline=True)
+        results = _with_eval_progress(lambda progress: compare_models(
+            [source, result], o.load_settings(512, threads, "auto", "auto"), None, 512, None, True, True, progress))
+        _print_results(results, as_json=False, table=True)
 
 
 def _with_progress(work, label: str):
@@ -79,3 +87,72 @@ def _with_progress(work, label: str):
             progress.update(task, completed=done, total=total, description=f"quantizing {tensor}")
 
         return work(update)
+
+
+def eval_models(
+    models: list[str] = typer.Argument(..., help="One model, or several to compare (the first is the base).", show_default=False),
+    text: Optional[Path] = typer.Option(None, "--text", help="The evaluation text [default: the text that ships with tallow].", show_default=False),
+    ctx: int = typer.Option(512, "--ctx", min=16, help="Window size in tokens (each window's second half is scored)."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", min=1, help="Score at most this many windows.", show_default=False),
+    kl_base: Optional[str] = typer.Option(None, "--kl-base", help="Also measure KL divergence from this model.", show_default=False),
+    compare: bool = typer.Option(False, "--compare", help="Print the trade-off table (implied by several models)."),
+    threads: o.Threads = None,
+    as_json: o.Json = False,
+    offline: o.Offline = False,
+) -> None:
+    """Measure perplexity (and KL divergence from a base model) on a text.
+
+    Example: tallow eval smollm2:135m-f16 smollm2:135m-Q8_0 smollm2:135m-Q4_K_M
+    """
+    from tallow.quantize.compare import compare_models
+
+    body = text.read_text(encoding="utf-8", errors="replace") if text else None
+    names = ([kl_base] if kl_base else []) + list(models)
+    local = [find_model(m, offline=offline) for m in names]
+    results = _with_eval_progress(lambda progress: compare_models(
+        local, o.load_settings(ctx, threads, "auto", "auto"), body, ctx, chunks,
+        with_base=bool(kl_base) or len(models) > 1, with_speed=compare or len(models) > 1, on_progress=progress))
+    if kl_base:
+        results = results[1:]
+    _print_results(results, as_json, table=compare or len(models) > 1)
+
+
+def _with_eval_progress(work):
+    console = err_console()
+    if not console.is_terminal:
+        return work(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("evaluating", total=None)
+
+        def update(model: str, done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total, description=f"evaluating {model}")
+
+        return work(update)
+
+
+def _print_results(results, as_json: bool, table: bool) -> None:
+    import json
+
+    if as_json:
+        sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
+        return
+    base = results[0]
+    if not table:
+        r = base
+        line = f"{r.model}: perplexity {r.ppl:.4f} ± {r.ppl_se:.4f} ({r.scored} tokens scored in {r.windows} windows of {r.n_ctx})"
+        if r.kld is not None:
+            line += f"; KL divergence {r.kld:.5f} ± {r.kld_se:.5f}; top-1 agreement {r.top1:.1%}"
+        sys.stdout.write(line + "\n")
+        return
+    head = f"{'model':<28} {'size':>9} {'bpw':>6} {'perplexity':>18} {'Δppl':>8} {'KLD':>9} {'top-1':>7} {'tok/s':>7}\n"
+    sys.stdout.write(head)
+    for r in results:
+        dppl = (r.ppl / base.ppl - 1) * 100
+        kld = f"{r.kld:.5f}" if r.kld is not None else "-"
+        top1 = f"{r.top1:.1%}" if r.top1 is not None else "-"
+        tps = f"{r.decode_tps:.1f}" if r.decode_tps else "-"
+        sys.stdout.write(f"{r.model:<28} {human_bytes(r.size):>9} {r.bits_per_weight:6.2f} "
+                         f"{r.ppl:9.4f} ± {r.ppl_se:6.4f} {dppl:+7.2f}% {kld:>9} {top1:>7} {tps:>7}\n")

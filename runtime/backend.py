@@ -233,6 +233,13 @@ class Context:
             detail = last_log_error()
             raise BackendError(f"llama_decode failed with code {rc}" + (f": {detail}" if detail else ""))
 
+    def logits(self, n_rows: int, n_vocab: int):
+        """The logits of the last decode's outputs, as a (rows, vocab) float32 numpy copy."""
+        import numpy as np
+
+        ptr = C.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, n_vocab)).copy()
+
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
 

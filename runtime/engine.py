@@ -291,6 +291,22 @@ class Engine:
             return TokenEvent(text, token, reasoning), True
         return TokenEvent(text, token, reasoning), False
 
+    def logits_for(self, tokens: list[int]):
+        """Logits at every position of `tokens`, evaluated from an empty cache (for perplexity
+        and KL divergence): a (len(tokens), n_vocab) float32 array."""
+        import numpy as np
+
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflow(f"{len(tokens)} tokens do not fit in the context of {self.n_ctx}")
+        self.reset()
+        rows = []
+        for i in range(0, len(tokens), self.n_batch):
+            chunk = tokens[i:i + self.n_batch]
+            self.ctx.decode(chunk, i, _SEQ, all_logits=True)
+            rows.append(self.ctx.logits(len(chunk), self.model.n_vocab))
+        self.reset()
+        return np.concatenate(rows)
+
     def reset(self) -> None:
         """Forget every cached token (the next prompt is evaluated in full)."""
         self.ctx.clear()

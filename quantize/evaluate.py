@@ -1,0 +1,128 @@
+"""What a quantization cost: perplexity, KL divergence from a base model, top-1 agreement.
+
+Perplexity follows llama.cpp's perplexity tool: the text is cut into windows of the
+context size; each window starts with BOS (when the model adds one) and only its second
+half is scored, so every scored token has at least half a window of context.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from typing import Callable
+
+from .errors import QuantizeError
+
+
+def shipped_text() -> str:
+    """A few thousand tokens of public-domain prose that ship with tallow (works offline)."""
+    return files("tallow.quantize").joinpath("data/eval.txt").read_text(encoding="utf-8")
+
+
+@dataclass
+class EvalResult:
+    model: str
+    n_ctx: int
+    windows: int
+    scored: int
+    ppl: float
+    ppl_se: float
+    kld: float | None = None
+    kld_se: float | None = None
+    top1: float | None = None
+    size: int = 0
+    params: int = 0
+    decode_tps: float | None = None
+
+    @property
+    def bits_per_weight(self) -> float:
+        return self.size * 8 / self.params if self.params else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bits_per_weight": round(self.bits_per_weight, 3)}
+
+
+def windows(tokens: list[int], n_ctx: int, max_windows: int | None, bos: int | None) -> list[list[int]]:
+    count = len(tokens) // n_ctx
+    if max_windows:
+        count = min(count, max_windows)
+    if count == 0:
+        raise QuantizeError(f"the text is {len(tokens)} tokens: too short for one window of {n_ctx}",
+                            "use a longer text or a smaller --ctx")
+    out = []
+    for k in range(count):
+        w = tokens[k * n_ctx:(k + 1) * n_ctx]
+        if bos is not None:
+            w = [bos] + w[1:]
+        out.append(w)
+    return out
+
+
+def _log_softmax(logits):
+    import numpy as np
+
+    m = logits.max(axis=1, keepdims=True)
+    return logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+
+
+def score_window(logits, window: list[int]):
+    """Negative log-likelihoods of the scored half, and the log-probabilities behind them."""
+    import numpy as np
+
+    first = len(window) // 2
+    logp = _log_softmax(logits[first:len(window) - 1].astype(np.float64))
+    targets = np.asarray(window[first + 1:])
+    return -logp[np.arange(len(targets)), targets], logp
+
+
+def _mean_se(values) -> tuple[float, float]:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else 0.0
+    return float(arr.mean()), se
+
+
+def evaluate(engine, name: str, text: str, n_ctx: int, max_windows: int | None = None, base=None,
+             on_progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Perplexity of `engine` on `text`; with `base` (another engine on the same vocabulary),
+    also the KL divergence of engine's distributions from base's, and top-1 agreement."""
+    import numpy as np
+
+    if base is not None and base.model.n_vocab != engine.model.n_vocab:
+        raise QuantizeError("the base model has a different vocabulary: KL divergence needs the same one")
+    tokens = engine.tokenize(text)
+    bos = engine.model.bos if engine.model.add_bos else None
+    wins = windows(tokens, n_ctx, max_windows, bos)
+    nlls, klds, agree = [], [], []
+    for k, w in enumerate(wins):
+        nll, logp = score_window(engine.logits_for(w), w)
+        nlls.append(nll)
+        if base is not None:
+            _, base_logp = score_window(base.logits_for(w), w)
+            p = np.exp(base_logp)
+            klds.append((p * (base_logp - logp)).sum(axis=1))
+            agree.append(base_logp.argmax(axis=1) == logp.argmax(axis=1))
+        if on_progress:
+            on_progress(k + 1, len(wins))
+    mean, se = _mean_se(np.concatenate(nlls))
+    result = EvalResult(name, n_ctx, len(wins), sum(len(n) for n in nlls), math.exp(mean), math.exp(mean) * se)
+    if base is not None:
+        result.kld, result.kld_se = _mean_se(np.concatenate(klds))
+        result.top1 = float(np.concatenate(agree).mean())
+    return result
+
+
+def decode_speed(engine, n: int = 64) -> float:
+    """Greedy decode tok/s for a short answer (a rough figure for the comparison table)."""
+    from tallow.runtime.types import FinalEvent, Request, Sampling
+
+    engine.reset()
+    prompt = engine.tokenize("The lighthouse keeper climbed the tower and")
+    started = time.perf_counter()
+    final = [e for e in engine.stream(Request(prompt, n, (), Sampling(temperature=0), ignore_eos=True))
+             if isinstance(e, FinalEvent)][0]
+    engine.reset()
+    return final.timings.decode_tps or n / (time.perf_counter() - started)

@@ -1,0 +1,168 @@
+"""Quantization and evaluation on a real F16 model (the default model, dequantized)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import _test_home, run_tallow
+from tallow.models.resolve import locate
+from tallow.models.store import Store
+from tallow.quantize.errors import QuantizeError
+from tallow.quantize.evaluate import score_window, shipped_text, windows
+
+
+def dequantize_to_f16(src, dest):
+    """The default model with every quantized tensor widened to F16, via the gguf package."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dest), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), field.types[0], sub)
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        w.add_tensor(t.name, data.astype(np.float32 if data.ndim == 1 else np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dest
+
+
+@pytest.fixture(scope="session")
+def f16_model(default_model):
+    dest = _test_home() / "smollm2-135m-f16.gguf"
+    if not dest.exists():
+        tmp = dest.with_suffix(".partial")
+        dequantize_to_f16(default_model, tmp)
+        os.replace(tmp, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def quantized(f16_model, tmp_path_factory):
+    home = tmp_path_factory.mktemp("qhome")
+    for t in ("Q8_0", "Q4_0", "Q4_K_M"):
+        r = run_tallow(["quantize", str(f16_model), "--type", t, "--name", f"smol:{t.lower()}"], home=home, timeout=600)
+        assert r.returncode == 0, r.stderr.decode()
+    return home
+
+
+def test_quantized_models_load_generate_and_shrink(quantized, f16_model):
+    store = Store(quantized / "models")
+    sizes = {t: store.get(f"smol:{t}").size for t in ("q8_0", "q4_0", "q4_k_m")}
+    f16 = f16_model.stat().st_size
+    assert f16 > sizes["q8_0"] > sizes["q4_k_m"] > sizes["q4_0"] * 0.9
+    assert 0.5 < sizes["q8_0"] / f16 < 0.6  # 8.5 of 16 bits, plus unquantized norms
+    m = store.get("smol:q4_k_m")
+    assert m.gguf["file_type"] == "Q4_K_M" and m.source["type"] == "Q4_K_M" and m.source["from_digest"] is None
+    for t in sizes:
+        r = run_tallow(["run", f"smol:{t}", "Say hi", "-n", "8", "--json"], home=quantized)
+        assert r.returncode == 0 and json.loads(r.stdout)["usage"]["completion_tokens"] >= 1
+
+
+def test_perplexity_orders_as_expected(quantized, f16_model):
+    r = run_tallow(["eval", str(f16_model), "smol:q8_0", "smol:q4_k_m", "smol:q4_0", "--json"], home=quantized, timeout=900)
+    assert r.returncode == 0, r.stderr.decode()
+    res = {x["model"]: x for x in json.loads(r.stdout)}
+    f16, q8, q4km = res[f16_model.name], res["smol:q8_0"], res["smol:q4_k_m"]
+    assert abs(q8["ppl"] / f16["ppl"] - 1) < 0.03  # Q8_0 within a few percent of F16
+    assert q4km["ppl"] > q8["ppl"] * 0.99
+    assert q8["kld"] < q4km["kld"] and q8["top1"] > 0.9
+    assert res["smol:q4_0"]["bits_per_weight"] < q8["bits_per_weight"]
+
+
+def test_perplexity_matches_an_independent_computation(default_model):
+    """llama-cpp-python's high-level API, with logits for every position, scores the same
+    windows; both must give the same perplexity."""
+    from llama_cpp import Llama
+
+    from tallow.quantize.evaluate import evaluate
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    text = shipped_text()
+    with Engine(default_model, LoadSettings(n_ctx=256, n_threads=2, flash_attn="off")) as engine:
+        ours = evaluate(engine, "m", text, 256, max_windows=3)
+        wins = windows(engine.tokenize(text), 256, 3, engine.model.bos if engine.model.add_bos else None)
+    llm = Llama(str(default_model), n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=2)
+    nll = []
+    for w in wins:
+        llm.reset()
+        llm.eval(w)
+        logits = np.asarray(llm.scores[: len(w)], dtype=np.float64)
+        first = len(w) // 2
+        lp = logits[first:-1] - np.log(np.exp(logits[first:-1] - logits[first:-1].max(1, keepdims=True)).sum(1, keepdims=True)) \
+            - logits[first:-1].max(1, keepdims=True)
+        nll.append(-lp[np.arange(len(w) - first - 1), w[first + 1:]])
+    theirs = float(np.exp(np.concatenate(nll).mean()))
+    assert ours.scored == sum(len(x) for x in nll) == 3 * 127
+    assert ours.ppl == pytest.approx(theirs, rel=2e-3)
+    # and our scoring helper agrees with itself on those logits
+    assert score_window(np.zeros((8, 5), dtype=np.float32), [0, 1, 2, 3, 4, 0, 1, 2])[0] == pytest.approx([np.log(5)] * 3)
+
+
+def test_bad_inputs_are_clear_and_register_nothing(quantized, f16_model, tmp_path):
+    home = tmp_path / "home"
+    cases = [
+        (["quantize", str(f16_model), "--type", "Q9_9"], "unknown quantization type"),
+        (["quantize", "nothing:here", "--type", "Q8_0"], "not found"),
+        (["quantize", str(tmp_path / "missing.gguf"), "--type", "Q8_0"], "no such file"),
+    ]
+    not_gguf = tmp_path / "text.gguf"
+    not_gguf.write_text("hello")
+    cases.append((["quantize", str(not_gguf), "--type", "Q8_0"], "not a GGUF file"))
+    for args, message in cases:
+        r = run_tallow(args, home=home)
+        assert r.returncode == 1 and message in r.stderr.decode(), (args, r.stderr.decode())
+    r = run_tallow(["quantize", "smol:q8_0", "--type", "Q4_0"], home=quantized)
+    assert r.returncode == 1 and b"--allow-requantize" in r.stderr
+    assert not (home / "models" / "manifests").exists()
+
+
+def test_read_only_store_and_full_disk(f16_model, tmp_path):
+    from tallow.quantize.run import QuantizeOptions, quantize_model
+
+    source = locate(str(f16_model), Store(tmp_path / "unused"))
+    store = Store(tmp_path / "models")
+    with pytest.raises(Exception, match="not enough disk space"):
+        quantize_model(source, store, QuantizeOptions("Q8_0", "x:q8", free_space=lambda p: 1000))
+    # an output directory that cannot be written (root ignores permission bits, so a file
+    # stands where the directory should be)
+    store.root.mkdir(parents=True)
+    store.tmp.write_text("not a directory")
+    with pytest.raises(QuantizeError, match="cannot write"):
+        quantize_model(source, store, QuantizeOptions("Q8_0", "x:q8"))
+    assert store.get("x:q8") is None
+
+
+def test_a_crashing_quantization_leaves_nothing(f16_model, tmp_path, monkeypatch):
+    """A child that dies (here: killed by a signal, as llama.cpp's aborts do) is reported,
+    and its partial output is removed."""
+    from tallow.quantize import run as qrun
+    from tallow.quantize.run import QuantizeOptions, quantize_model
+
+    real = qrun.subprocess.Popen
+
+    def dying(cmd, **kw):
+        return real([qrun.sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"], **kw)
+
+    monkeypatch.setattr(qrun.subprocess, "Popen", dying)
+    source = locate(str(f16_model), Store(tmp_path / "unused"))
+    store = Store(tmp_path / "models")
+    with pytest.raises(QuantizeError, match="signal 6"):
+        quantize_model(source, store, QuantizeOptions("Q8_0", "x:q8"))
+    assert [p for p in store.tmp.iterdir()] == [] and store.get("x:q8") is None
+
+
+def test_type_list():
+    out = run_tallow(["quantize", "--list"], home=_test_home()).stdout.decode()
+    assert "Q4_K_M" in out and "4.50 bpw" in out and "IQ2_XS" in out and "needs --imatrix" in out
