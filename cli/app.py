@@ -45,11 +45,12 @@ def _register() -> None:
     from .chat import chat
     from .history_cmds import logs_app
     from .run import run
-    from .quantize_cmds import eval_models, quantize
+    from .quantize_cmds import eval_models, imatrix, quantize
     from .store_cmds import import_model, list_models, pull, rm, show
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
-                ("import", import_model), ("quantize", quantize), ("eval", eval_models))
+                ("import", import_model), ("quantize", quantize), ("eval", eval_models),
+                ("imatrix", imatrix))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.add_typer(logs_app, name="logs")

@@ -156,3 +156,27 @@ def _print_results(results, as_json: bool, table: bool) -> None:
         tps = f"{r.decode_tps:.1f}" if r.decode_tps else "-"
         sys.stdout.write(f"{r.model:<28} {human_bytes(r.size):>9} {r.bits_per_weight:6.2f} "
                          f"{r.ppl:9.4f} ± {r.ppl_se:6.4f} {dppl:+7.2f}% {kld:>9} {top1:>7} {tps:>7}\n")
+
+
+def imatrix(
+    model: str = typer.Argument(..., help="The model to measure (usually the F16 source you will quantize).", show_default=False),
+    text: Optional[Path] = typer.Option(None, "--text", help="Calibration text [default: the text that ships with tallow].", show_default=False),
+    output: Path = typer.Option(Path("imatrix.gguf"), "--output", "-o", help="Where to write the importance matrix."),
+    ctx: int = typer.Option(512, "--ctx", min=16, help="Window size in tokens."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", min=1, help="Use at most this many windows.", show_default=False),
+    threads: o.Threads = None,
+    offline: o.Offline = False,
+) -> None:
+    """Compute an importance matrix from calibration text, for quantize --imatrix.
+
+    Example: tallow imatrix ./model-f16.gguf --text calibration.txt -o model.imatrix.gguf
+    """
+    from tallow.quantize.imatrix import compute_imatrix, write_imatrix
+
+    body = text.read_text(encoding="utf-8", errors="replace") if text else None
+    local = find_model(model, offline=offline)
+    stats, used = _with_eval_progress(lambda progress: compute_imatrix(
+        local, body, ctx, chunks, o.load_settings(ctx, threads, "0", "auto"),
+        (lambda d, t: progress(local.name, d, t)) if progress else None))
+    write_imatrix(stats, output, str(text) if text else "tallow eval.txt", used, ctx)
+    err_console().print(f"wrote {output}: {len(stats.sums)} weight matrices, {used} windows of {ctx} tokens", soft_wrap=True)

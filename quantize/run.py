@@ -47,8 +47,12 @@ def _plan(source: LocalModel, opts: QuantizeOptions):
     if qt.needs_imatrix and opts.imatrix is None:
         raise QuantizeError(f"{qt.name} needs an importance matrix",
                             f"make one: tallow imatrix {source.name} --text FILE, then pass --imatrix")
-    if opts.imatrix is not None and not Path(opts.imatrix).is_file():
-        raise QuantizeError(f"no such imatrix file: {opts.imatrix}")
+    if opts.imatrix is not None:
+        if not Path(opts.imatrix).is_file():
+            raise QuantizeError(f"no such imatrix file: {opts.imatrix}")
+        from .imatrix import read_imatrix
+
+        read_imatrix(opts.imatrix)  # a bad file is refused here, not in the child
     return qt, info
 
 

@@ -49,7 +49,8 @@ class Engine:
             self.ctx = backend.Context(
                 self.model,
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
-                                      n_threads=self.n_threads, flash_attn=settings.flash_attn),
+                                      n_threads=self.n_threads, flash_attn=settings.flash_attn,
+                                      observer=settings.observer),
             )
         except BaseException:
             self.model.close()

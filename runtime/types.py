@@ -17,6 +17,7 @@ class LoadSettings:
     flash_attn: str = "auto"  # auto | on | off
     n_batch: int = 512
     echo_logs: bool = False
+    observer: object = None  # runtime.backend.ActivationStats, to collect an importance matrix
 
 
 @dataclass(frozen=True)

@@ -166,3 +166,27 @@ def test_a_crashing_quantization_leaves_nothing(f16_model, tmp_path, monkeypatch
 def test_type_list():
     out = run_tallow(["quantize", "--list"], home=_test_home()).stdout.decode()
     assert "Q4_K_M" in out and "4.50 bpw" in out and "IQ2_XS" in out and "needs --imatrix" in out
+
+
+def test_imatrix_enables_the_types_that_need_one(f16_model, tmp_path):
+    from tallow.quantize.imatrix import read_imatrix
+
+    home = tmp_path / "home"
+    out = tmp_path / "smol.imatrix.gguf"
+    r = run_tallow(["imatrix", str(f16_model), "-o", str(out), "--chunks", "2"], home=home, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()
+    data = read_imatrix(out)
+    assert len(data) == 30 * 7 + 1  # seven matrices per layer, and the output
+    assert all(len(v) in (576, 1536) and min(v) >= 0 for v in data.values())
+    r = run_tallow(["quantize", str(f16_model), "--type", "IQ2_XS", "--name", "smol:iq2", "--imatrix", str(out)],
+                   home=home, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()
+    m = Store(home / "models").get("smol:iq2")
+    assert m.gguf["file_type"] == "IQ2_XS" and m.source["imatrix_digest"]
+    assert run_tallow(["run", "smol:iq2", "hi", "-n", "4"], home=home).returncode == 0
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + bytes(60))
+    bad = run_tallow(["quantize", str(f16_model), "--type", "IQ2_XS", "--name", "smol:bad", "--imatrix", str(junk)],
+                     home=home, timeout=600)
+    assert bad.returncode == 1 and b"error:" in bad.stderr
+    assert Store(home / "models").get("smol:bad") is None
