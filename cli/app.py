@@ -41,6 +41,7 @@ def root(
 
 
 def _register() -> None:
+    from .bench_cmds import bench
     from .cache_cmds import cache_app
     from .chat import chat
     from .history_cmds import logs_app
@@ -50,7 +51,7 @@ def _register() -> None:
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
                 ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix))
+                ("imatrix", imatrix), ("bench", bench))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.add_typer(logs_app, name="logs")

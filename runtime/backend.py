@@ -64,6 +64,13 @@ def _load_from_splits():
     return fn
 
 
+def _ggml_type(name: str) -> int:
+    value = getattr(C, f"GGML_TYPE_{name.upper()}", None)
+    if value is None:
+        raise BackendError(f"unknown KV cache type {name!r}", "use f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1")
+    return value
+
+
 def json_grammar() -> str:
     """llama.cpp's grammar for any JSON object."""
     from llama_cpp.llama_grammar import JSON_GBNF
@@ -178,6 +185,8 @@ class ContextParams:
     flash_attn: str = "auto"
     n_seq_max: int = 2  # seq 0 serves requests; seq 1 is scratch for saving prefixes
     observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
+    type_k: str = "f16"  # KV cache types (ggml type names)
+    type_v: str = "f16"
 
 
 class Context:
@@ -196,6 +205,7 @@ class Context:
         # One KV buffer shared by all sequences: a scratch sequence can then copy a prefix
         # of seq 0 (a cheap tag on the same cells) to save it without disturbing seq 0.
         params.kv_unified = True
+        params.type_k, params.type_v = _ggml_type(p.type_k), _ggml_type(p.type_v)
         if p.observer is not None:
             params.cb_eval = p.observer.callback
             params.cb_eval_user_data = None

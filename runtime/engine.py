@@ -50,7 +50,8 @@ class Engine:
                 self.model,
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
                                       n_threads=self.n_threads, flash_attn=settings.flash_attn,
-                                      observer=settings.observer),
+                                      observer=settings.observer, type_k=settings.type_k,
+                                      type_v=settings.type_v),
             )
         except BaseException:
             self.model.close()
@@ -120,7 +121,7 @@ class Engine:
 
         s = self._settings
         self._disk = (cache, fingerprint({
-            "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": "f16", "type_v": "f16",
+            "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": s.type_k, "type_v": s.type_v,
             "flash_attn": s.flash_attn, "rope": "model", "kv_unified": True, "llama_cpp": self._backend_version(),
         }))
 

@@ -18,6 +18,8 @@ class LoadSettings:
     n_batch: int = 512
     echo_logs: bool = False
     observer: object = None  # runtime.backend.ActivationStats, to collect an importance matrix
+    type_k: str = "f16"  # KV cache types
+    type_v: str = "f16"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,197 @@
+"""tallow bench: llama-bench's tests and field names, plus TTFT, memory and the bandwidth ceiling."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as o
+from .models import find_model
+from .render import err_console, human_bytes, human_count
+
+FORMATS = ("table", "json", "jsonl", "csv", "md")
+KEY = ("model_filename", "test", "n_threads", "n_batch", "n_gpu_layers", "type_k", "type_v", "flash_attn")
+
+
+def _ints(value: str, flag: str, minimum: int = 0) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a comma-separated list of whole numbers", param_hint=flag) from None
+    if not out or min(out) < minimum:
+        raise typer.BadParameter(f"give one or more numbers >= {minimum}", param_hint=flag)
+    return out
+
+
+def bench(
+    models: list[str] = typer.Argument(..., help="Models to measure.", show_default=False),
+    n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="Prompt lengths for pp tests (0: none)."),
+    n_gen: str = typer.Option("128", "-n", "--n-gen", help="Generation lengths for tg tests (0: none)."),
+    pg: Optional[list[str]] = typer.Option(None, "-pg", help="pp+tg tests: PROMPT,GEN (repeatable).", show_default=False),
+    depth: str = typer.Option("0", "-d", "--n-depth", help="Context depths to run each test at."),
+    reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions of each test."),
+    threads: Optional[str] = typer.Option(None, "-t", "--threads", help="Thread counts [default: physical cores].", show_default=False),
+    batch: str = typer.Option("512", "-b", "--batch-size", help="Batch sizes."),
+    gpu_layers: str = typer.Option("0", "--gpu-layers", "-ngl", help="GPU layer counts."),
+    ctk: str = typer.Option("f16", "--ctk", "--cache-type-k", help="K cache type."),
+    ctv: str = typer.Option("f16", "--ctv", "--cache-type-v", help="V cache type."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", "-fa", help="Flash attention: auto, on or off."),
+    output: str = typer.Option("table", "-o", "--output", help="table, json, jsonl, csv or md."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Also write the results (JSON) to FILE.", show_default=False),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="Show the change against results saved with --save.", show_default=False),
+    offline: o.Offline = False,
+) -> None:
+    """Measure prefill and decode speed like llama-bench, and how close decode gets to the memory bandwidth limit.
+
+    Example: tallow bench smollm2:135m -p 512 -n 128 -t 1,2 -o md
+    """
+    if output not in FORMATS:
+        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--output")
+    o.parse_flash_attn(flash_attn)
+    tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pg or [], _ints(depth, "-d"))
+    if not tests:
+        raise typer.BadParameter("no tests: give -p, -n or -pg", param_hint="-p/-n/-pg")
+    from tallow.runtime.engine import physical_cores
+
+    combos = list(itertools.product(_ints(threads, "-t", 1) if threads else [physical_cores()],
+                                    _ints(batch, "-b", 1), _ints(gpu_layers, "--gpu-layers")))
+    baseline = _load_saved(compare) if compare else None
+    local = [find_model(m, offline=offline or o.settings_offline()) for m in models]
+    rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn)
+    if baseline is not None:
+        for r in rows:
+            old = baseline.get(tuple(r[k] for k in KEY))
+            r["change_vs_saved"] = (r["avg_ts"] / old["avg_ts"] - 1) if old else None
+    if save:
+        save.write_text(json.dumps(rows, indent=1))
+    _emit(rows, output)
+
+
+def _tests(prompts, gens, pgs, depths):
+    from tallow.runtime.bench import BenchTest
+
+    tests = [BenchTest(p, 0, d) for d in depths for p in prompts if p]
+    tests += [BenchTest(0, n, d) for d in depths for n in gens if n]
+    for spec in pgs:
+        p, n = _ints(spec, "-pg", 1) + [0] * (2 - len(_ints(spec, "-pg", 1)))
+        if not n:
+            raise typer.BadParameter("-pg takes PROMPT,GEN", param_hint="-pg")
+        tests += [BenchTest(p, n, d) for d in depths]
+    return tests
+
+
+def _load_saved(path: Path) -> dict:
+    try:
+        rows = json.loads(path.read_text())
+        return {tuple(r[k] for k in KEY): r for r in rows}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        from tallow.models.errors import TallowError
+
+        raise TallowError(f"cannot read saved results {path}: {exc}", "write them with tallow bench ... --save FILE") from exc
+
+
+def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
+    from dataclasses import replace
+
+    from tallow.models.gguf_file import read_gguf
+    from tallow.runtime import bench as B
+    from tallow.runtime.engine import Engine
+
+    err = err_console()
+    err.print("measuring memory bandwidth ...", style="dim")
+    bandwidth = B.memory_bandwidth()
+    if not B.energy_available():
+        err.print("energy: not measured (no RAPL counters readable on this machine)", style="dim", soft_wrap=True)
+    n_ctx = max(t.n_depth + t.n_prompt + t.n_gen for t in tests) + 8
+    rows = []
+    for model in local:
+        info = read_gguf(model.path)
+        size = sum(p.stat().st_size for p in model.paths)
+        for n_threads, n_batch, ngl in combos:
+            load = replace(o.load_settings(n_ctx, n_threads, str(ngl), flash_attn), n_batch=n_batch, type_k=ctk, type_v=ctv)
+            with Engine(model.paths, load) as engine:
+                for test in tests:
+                    status = err.status(f"{test.name}  t={n_threads} b={n_batch}") if err.is_terminal else None
+                    if status:
+                        status.start()
+                    try:
+                        res = B.run_test(engine, test, reps,
+                                         (lambda rep, s=status, t=test: s.update(f"{t.name}  rep {rep}/{reps}")) if status else None)
+                    finally:
+                        if status:
+                            status.stop()
+                    s = B.summarize(res)
+                    row = {
+                        "model_filename": str(model.path), "model_name": model.name, "model_size": size,
+                        "model_n_params": info.n_params, "model_type": f"{info.architecture} {info.file_type}",
+                        "n_batch": n_batch, "n_ubatch": n_batch, "n_threads": n_threads, "n_gpu_layers": ngl,
+                        "type_k": ctk, "type_v": ctv, "flash_attn": flash_attn, "n_prompt": test.n_prompt,
+                        "n_gen": test.n_gen, "n_depth": test.n_depth, "test": test.name,
+                        "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **s,
+                        "peak_memory_bytes": B.peak_rss_bytes(), "bandwidth_bytes_per_s": bandwidth,
+                        "bytes_per_token": None, "bandwidth_fraction": None,
+                    }
+                    if test.n_gen and not test.n_prompt:
+                        per_token = B.bytes_per_token(info, test.n_depth + test.n_gen // 2,
+                                                      2.0 if ctk == "f16" else 1.0)
+                        row["bytes_per_token"] = per_token
+                        row["bandwidth_fraction"] = s["avg_ts"] * per_token / bandwidth
+                    rows.append(row)
+    return rows
+
+
+def _emit(rows: list[dict], output: str) -> None:
+    out = sys.stdout
+    if output == "json":
+        out.write(json.dumps(rows, indent=1) + "\n")
+    elif output == "jsonl":
+        for r in rows:
+            out.write(json.dumps(r) + "\n")
+    elif output == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
+        out.write(buf.getvalue())
+    else:
+        _table(rows, markdown=output == "md")
+
+
+def _table(rows: list[dict], markdown: bool) -> None:
+    head = ["model", "size", "params", "threads", "batch", "ngl", "fa", "test", "t/s", "TTFT ms", "peak RSS",
+            "of bandwidth limit"]
+    if any("change_vs_saved" in r for r in rows):
+        head.append("vs saved")
+    lines = []
+    for r in rows:
+        cells = [r["model_name"], human_bytes(r["model_size"]), human_count(r["model_n_params"]), str(r["n_threads"]),
+                 str(r["n_batch"]), str(r["n_gpu_layers"]), r["flash_attn"], r["test"],
+                 f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f"{r['ttft_ms']:.1f}" if r["ttft_ms"] else "-",
+                 human_bytes(r["peak_memory_bytes"]),
+                 f"{r['bandwidth_fraction']:.0%}" if r["bandwidth_fraction"] is not None else "-"]
+        if len(head) > len(cells):
+            ch = r.get("change_vs_saved")
+            cells.append(f"{ch:+.1%}" if ch is not None else "new")
+        lines.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    if markdown:
+        sys.stdout.write("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |\n")
+        sys.stdout.write("| " + " | ".join("-" * w for w in widths) + " |\n")
+        for c in lines:
+            sys.stdout.write("| " + " | ".join(x.ljust(w) for x, w in zip(c, widths)) + " |\n")
+        return
+    sys.stdout.write("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip() + "\n")
+    for c in lines:
+        sys.stdout.write("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip() + "\n")
+    bw = rows[0]["bandwidth_bytes_per_s"]
+    sys.stdout.write(f"memory bandwidth (streaming read): {bw / 1e9:.1f} GB/s; 'of bandwidth limit' = decode tok/s x "
+                     "bytes read per token (weights + KV cache) / bandwidth\n")

@@ -1,0 +1,158 @@
+"""llama-bench's tests, measured through tallow's engine, against this machine's limit.
+
+pp<N>: prefill N tokens; tg<N>: decode N tokens one at a time; pg<P>,<N>: both; each at an
+optional depth (tokens already in the KV cache). Random token ids, the same ones for every
+repetition; one warm-up run excluded; the KV cache cleared before each repetition and
+refilled to the depth (untimed). The ceiling: decode must read every weight it uses and
+the KV cache once per token, so memory bandwidth / bytes per token bounds decode tok/s.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    n_prompt: int
+    n_gen: int
+    n_depth: int = 0
+
+    @property
+    def name(self) -> str:
+        base = f"pp{self.n_prompt}" if not self.n_gen else (f"tg{self.n_gen}" if not self.n_prompt
+                                                               else f"pp{self.n_prompt}+tg{self.n_gen}")
+        return base + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+
+@dataclass
+class BenchResult:
+    test: BenchTest
+    samples_ns: list[int]
+    ttft_ms: list[float] = field(default_factory=list)
+    joules: list[float] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.test.n_prompt + self.test.n_gen
+
+    @property
+    def samples_ts(self) -> list[float]:
+        return [self.tokens / (ns / 1e9) for ns in self.samples_ns]
+
+
+def memory_bandwidth(size_mb: int = 512, reps: int = 5) -> float:
+    """Bytes per second of a streaming read over a buffer many times the last-level cache."""
+    import numpy as np
+
+    buf = np.ones(size_mb * (1 << 20) // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - started)
+    return buf.nbytes / best
+
+
+def bytes_per_token(gguf_info, n_ctx_depth: int, kv_bytes_per_elem: float = 2.0) -> int:
+    """Weights one decoded token reads, plus the KV cache at that depth."""
+    md = gguf_info.metadata
+    arch = gguf_info.architecture
+    names = {t.name: t for t in gguf_info.tensors}
+    weights = sum(t.n_bytes for t in gguf_info.tensors)
+    emb = names.get("token_embd.weight")
+    if emb is not None and "output.weight" in names:
+        weights -= emb.n_bytes - emb.n_bytes // max(1, emb.shape[1])  # a lookup reads one row
+    n_layer = md.get(f"{arch}.block_count") or 0
+    n_embd = md.get(f"{arch}.embedding_length") or 0
+    n_head = md.get(f"{arch}.attention.head_count") or 1
+    n_head_kv = md.get(f"{arch}.attention.head_count_kv") or n_head
+    head_dim = md.get(f"{arch}.attention.key_length") or (n_embd // n_head if n_head else 0)
+    kv = int(n_layer * n_head_kv * head_dim * 2 * kv_bytes_per_elem * n_ctx_depth)
+    return int(weights + kv)
+
+
+def _energy() -> float | None:
+    try:
+        return int(RAPL.read_text()) / 1e6
+    except (OSError, ValueError):
+        return None
+
+
+def energy_available() -> bool:
+    return _energy() is not None
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_test(engine, test: BenchTest, reps: int, on_rep: Callable[[int], None] | None = None) -> BenchResult:
+    """Time `reps` repetitions of one test (after an untimed warm-up)."""
+    from .backend import Sampler, SamplerParams
+
+    rng = random.Random(42)
+    vocab = engine.model.n_vocab
+    tokens = [rng.randrange(vocab) for _ in range(test.n_depth + test.n_prompt + test.n_gen + 1)]
+    depth, prompt = tokens[:test.n_depth], tokens[test.n_depth:test.n_depth + test.n_prompt]
+    gen = tokens[test.n_depth + test.n_prompt:]
+    if test.n_depth + test.n_prompt + test.n_gen > engine.n_ctx:
+        raise ValueError(f"{test.name} needs {test.n_depth + test.n_prompt + test.n_gen} tokens of context; "
+                         f"the context holds {engine.n_ctx}")
+    sampler = Sampler(engine.model, SamplerParams(0.0, 0, 1.0, 0.0, 1.0, 64, 0))
+    result = BenchResult(test, [])
+    ctx, nb = engine.ctx, engine.n_batch
+    try:
+        for rep in range(reps + 1):  # repetition 0 is the warm-up
+            engine.reset()
+            for i in range(0, len(depth), nb):
+                ctx.decode(depth[i:i + nb], i, 0, want_last_logits=False)
+            joules0 = _energy()
+            started = time.perf_counter_ns()
+            pos = len(depth)
+            for i in range(0, len(prompt), nb):
+                chunk = prompt[i:i + nb]
+                ctx.decode(chunk, pos, 0, want_last_logits=i + nb >= len(prompt))
+                pos += len(chunk)
+            ttft = None
+            if prompt:
+                sampler.sample(ctx, -1)
+                ttft = (time.perf_counter_ns() - started) / 1e6
+            for t in gen[:test.n_gen]:
+                ctx.decode([t], pos, 0)
+                pos += 1
+            elapsed = time.perf_counter_ns() - started
+            joules1 = _energy()
+            if rep == 0:
+                continue
+            result.samples_ns.append(elapsed)
+            if ttft is not None:
+                result.ttft_ms.append(ttft)
+            if joules0 is not None and joules1 is not None and joules1 >= joules0:
+                result.joules.append(joules1 - joules0)
+            if on_rep:
+                on_rep(rep)
+    finally:
+        sampler.close()
+        engine.reset()
+    return result
+
+
+def summarize(result: BenchResult) -> dict:
+    ns, ts = result.samples_ns, result.samples_ts
+    sd = statistics.stdev
+    return {
+        "avg_ns": int(statistics.mean(ns)), "stddev_ns": int(sd(ns)) if len(ns) > 1 else 0,
+        "avg_ts": statistics.mean(ts), "stddev_ts": sd(ts) if len(ts) > 1 else 0.0,
+        "samples_ns": ns, "samples_ts": ts,
+        "ttft_ms": statistics.mean(result.ttft_ms) if result.ttft_ms else None,
+        "joules_per_token": statistics.mean(result.joules) / result.tokens if result.joules else None,
+    }

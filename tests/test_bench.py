@@ -1,0 +1,77 @@
+"""tallow bench: output formats that parse, numbers that agree with each other, clear errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from conftest import run_tallow
+
+LLAMA_BENCH_FIELDS = ["n_prompt", "n_gen", "n_depth", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "type_k",
+                      "type_v", "flash_attn", "model_filename", "model_size", "model_n_params", "avg_ns", "stddev_ns",
+                      "avg_ts", "stddev_ts", "samples_ts"]
+QUICK = ["-p", "32", "-n", "16", "-r", "2", "-t", "1"]
+
+
+@pytest.fixture(scope="module")
+def json_rows(synth_model, tmp_path_factory):
+    home = tmp_path_factory.mktemp("bench")
+    r = run_tallow(["bench", str(synth_model), *QUICK, "-pg", "16,8", "-d", "0,32", "-o", "json"], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
+def test_json_rows_carry_llama_bench_fields_and_agree(json_rows, synth_model):
+    assert [r["test"] for r in json_rows] == ["pp32", "pp32 @ d32", "tg16", "tg16 @ d32", "pp16+tg8", "pp16+tg8 @ d32"]
+    for r in json_rows:
+        for f in LLAMA_BENCH_FIELDS:
+            assert f in r, f
+        assert len(r["samples_ns"]) == len(r["samples_ts"]) == 2
+        tokens = r["n_prompt"] + r["n_gen"]
+        for ns, ts in zip(r["samples_ns"], r["samples_ts"]):
+            assert ts == pytest.approx(tokens / (ns / 1e9))
+        assert r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
+        assert r["model_size"] == synth_model.stat().st_size and r["peak_memory_bytes"] > 0
+        if r["n_gen"] and not r["n_prompt"]:
+            assert 0 < r["bandwidth_fraction"] and r["bytes_per_token"] > 0
+        if r["n_prompt"]:
+            assert r["ttft_ms"] > 0 and r["ttft_ms"] * 1e6 <= max(r["samples_ns"]) * 1.01
+
+
+def test_other_formats_parse(synth_model, tmp_path):
+    home = tmp_path / "home"
+    jsonl = run_tallow(["bench", str(synth_model), *QUICK, "-o", "jsonl"], home=home).stdout.decode().splitlines()
+    assert [json.loads(line)["test"] for line in jsonl] == ["pp32", "tg16"]
+    rows = list(csv.DictReader(io.StringIO(run_tallow(["bench", str(synth_model), *QUICK, "-o", "csv"], home=home).stdout.decode())))
+    assert len(rows) == 2 and float(rows[0]["avg_ts"]) > 0 and json.loads(rows[0]["samples_ts"])
+    md = run_tallow(["bench", str(synth_model), *QUICK, "-o", "md"], home=home).stdout.decode().splitlines()
+    assert md[0].startswith("| model") and set(md[1]) <= set("|- ") and len(md) == 4
+    table = run_tallow(["bench", str(synth_model), *QUICK], home=home).stdout.decode()
+    assert "tg16" in table and "of bandwidth limit" in table and "GB/s" in table
+
+
+def test_save_and_compare(synth_model, tmp_path):
+    home = tmp_path / "home"
+    saved = tmp_path / "before.json"
+    assert run_tallow(["bench", str(synth_model), *QUICK, "--save", str(saved), "-o", "json"], home=home).returncode == 0
+    rows = json.loads(run_tallow(["bench", str(synth_model), *QUICK, "--compare", str(saved), "-o", "json"], home=home).stdout)
+    assert all(isinstance(r["change_vs_saved"], float) for r in rows)
+    assert "vs saved" in run_tallow(["bench", str(synth_model), *QUICK, "--compare", str(saved)], home=home).stdout.decode()
+
+
+@pytest.mark.parametrize("args, message, code", [
+    (["-o", "xml"], "table, json", 2),
+    (["-t", "two"], "comma-separated", 2),
+    (["-t", "0"], ">= 1", 2),
+    (["-p", "0", "-n", "0"], "no tests", 2),
+    (["-pg", "16"], "PROMPT,GEN", 2),
+    (["--ctk", "q9_9"], "unknown KV cache type", 1),
+    (["--compare", "/nonexistent.json"], "cannot read saved results", 1),
+])
+def test_bad_arguments_are_clear(synth_model, tmp_path, args, message, code):
+    r = run_tallow(["bench", str(synth_model), "-r", "1", "-t", "1", "-n", "4", "-p", "8", *args], home=tmp_path)
+    assert r.returncode == code, r.stderr.decode()
+    assert message in r.stderr.decode() and b"Traceback" not in r.stderr
