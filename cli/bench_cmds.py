@@ -44,6 +44,8 @@ def bench(
     ctk: str = typer.Option("f16", "--ctk", "--cache-type-k", help="K cache type."),
     ctv: str = typer.Option("f16", "--ctv", "--cache-type-v", help="V cache type."),
     flash_attn: str = typer.Option("auto", "--flash-attn", "-fa", help="Flash attention: auto, on or off."),
+    parallel: Optional[str] = typer.Option(None, "--parallel", help="Also decode N sequences at once (aggregate tok/s), for each N.", show_default=False),
+    slo: Optional[str] = typer.Option(None, "--slo", help="interactive or server: the most parallel sequences that still meet MLPerf's TTFT and per-token targets.", show_default=False),
     output: str = typer.Option("table", "-o", "--output", help="table, json, jsonl, csv or md."),
     save: Optional[Path] = typer.Option(None, "--save", help="Also write the results (JSON) to FILE.", show_default=False),
     compare: Optional[Path] = typer.Option(None, "--compare", help="Show the change against results saved with --save.", show_default=False),
@@ -56,6 +58,11 @@ def bench(
     if output not in FORMATS:
         raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--output")
     o.parse_flash_attn(flash_attn)
+    from tallow.runtime.bench import SLO
+
+    if slo is not None and slo not in SLO:
+        raise typer.BadParameter("use interactive or server", param_hint="--slo")
+    parallel_ns = _ints(parallel, "--parallel", 1) if parallel else ([1, 2, 4, 8, 16] if slo else [])
     tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pg or [], _ints(depth, "-d"))
     if not tests:
         raise typer.BadParameter("no tests: give -p, -n or -pg", param_hint="-p/-n/-pg")
@@ -66,6 +73,9 @@ def bench(
     baseline = _load_saved(compare) if compare else None
     local = [find_model(m, offline=offline or o.settings_offline()) for m in models]
     rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn)
+    if parallel_ns:
+        p, n = (_ints(n_prompt, "-p")[0] or 128), (_ints(n_gen, "-n")[0] or 32)
+        rows += _measure_parallel(local, parallel_ns, p, n, combos[0], min(reps, 3), ctk, ctv, flash_attn)
     if baseline is not None:
         for r in rows:
             old = baseline.get(tuple(r[k] for k in KEY))
@@ -73,6 +83,58 @@ def bench(
     if save:
         save.write_text(json.dumps(rows, indent=1))
     _emit(rows, output)
+    if slo:
+        _slo_verdict(rows, slo, to_stderr=output != "table")
+
+
+def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn) -> list[dict]:
+    from dataclasses import replace
+
+    import statistics
+
+    from tallow.models.gguf_file import read_gguf
+    from tallow.runtime import bench as B
+    from tallow.runtime.engine import Engine
+
+    n_threads, n_batch, ngl = combo
+    rows = []
+    for model in local:
+        load = replace(o.load_settings(max(ns) * (n_prompt + n_gen) + 16, n_threads, str(ngl), flash_attn),
+                       n_batch=max(n_batch, max(ns)), type_k=ctk, type_v=ctv, n_seq_max=max(ns) + 1)
+        with Engine(model.paths, load) as engine:
+            params = sum(read_gguf(p).n_params for p in model.paths)
+            for n in ns:
+                res = B.run_parallel(engine, n, n_prompt, n_gen, reps)
+                samples = [n * n_gen / s for s in res.decode_s]
+                rows.append({
+                    "model_filename": str(model.path), "model_name": model.name,
+                    "model_size": sum(p.stat().st_size for p in model.paths), "model_n_params": params,
+                    "n_batch": load.n_batch, "n_ubatch": load.n_batch, "n_threads": n_threads, "n_gpu_layers": ngl,
+                    "type_k": ctk, "type_v": ctv, "flash_attn": flash_attn, "n_prompt": n_prompt, "n_gen": n_gen,
+                    "n_depth": 0, "n_parallel": n, "test": f"pp{n_prompt}+tg{n_gen} x{n}",
+                    "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "avg_ts": statistics.mean(samples), "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                    "avg_ns": int(statistics.mean(res.decode_s) * 1e9),
+                    "stddev_ns": int(statistics.stdev(res.decode_s) * 1e9) if len(samples) > 1 else 0, "samples_ts": samples,
+                    "samples_ns": [int(s * 1e9) for s in res.decode_s], "ttft_ms": res.ttft_p50, "itl_ms": res.itl_p50,
+                    "peak_memory_bytes": B.rss_bytes(), "bandwidth_bytes_per_s": None, "bytes_per_token": None,
+                    "bandwidth_fraction": None, "joules_per_token": None,
+                })
+    return rows
+
+
+def _slo_verdict(rows: list[dict], slo: str, to_stderr: bool) -> None:
+    from tallow.runtime.bench import SLO
+
+    ttft_max, itl_max = SLO[slo]
+    ok = [r for r in rows if r.get("n_parallel") and r["ttft_ms"] <= ttft_max and r["itl_ms"] <= itl_max]
+    if ok:
+        best = max(ok, key=lambda r: r["n_parallel"])
+        line = (f"{slo} SLO (TTFT <= {ttft_max:.0f} ms, <= {itl_max:.0f} ms per token): up to {best['n_parallel']} "
+                f"parallel sequences, {best['avg_ts']:.1f} tok/s in all")
+    else:
+        line = f"{slo} SLO (TTFT <= {ttft_max:.0f} ms, <= {itl_max:.0f} ms per token): not met even by one sequence"
+    (sys.stderr if to_stderr else sys.stdout).write(line + "\n")
 
 
 def _tests(prompts, gens, pgs, depths):
@@ -136,7 +198,7 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
                         "type_k": ctk, "type_v": ctv, "flash_attn": flash_attn, "n_prompt": test.n_prompt,
                         "n_gen": test.n_gen, "n_depth": test.n_depth, "test": test.name,
                         "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **s,
-                        "peak_memory_bytes": B.peak_rss_bytes(), "bandwidth_bytes_per_s": bandwidth,
+                        "bandwidth_bytes_per_s": bandwidth,
                         "bytes_per_token": None, "bandwidth_fraction": None,
                     }
                     if test.n_gen and not test.n_prompt:
@@ -167,15 +229,16 @@ def _emit(rows: list[dict], output: str) -> None:
 
 
 def _table(rows: list[dict], markdown: bool) -> None:
-    head = ["model", "size", "params", "threads", "batch", "ngl", "fa", "test", "t/s", "TTFT ms", "peak RSS",
+    head = ["model", "size", "params", "threads", "batch", "ngl", "fa", "test", "t/s", "TTFT ms", "ITL ms", "peak RSS",
             "of bandwidth limit"]
     if any("change_vs_saved" in r for r in rows):
         head.append("vs saved")
     lines = []
     for r in rows:
-        cells = [r["model_name"], human_bytes(r["model_size"]), human_count(r["model_n_params"]), str(r["n_threads"]),
+        cells = [r["model_name"], human_bytes(r["model_size"]), human_count(r["model_n_params"] or 0), str(r["n_threads"]),
                  str(r["n_batch"]), str(r["n_gpu_layers"]), r["flash_attn"], r["test"],
                  f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}", f"{r['ttft_ms']:.1f}" if r["ttft_ms"] else "-",
+                 f"{r['itl_ms']:.1f}" if r.get("itl_ms") else "-",
                  human_bytes(r["peak_memory_bytes"]),
                  f"{r['bandwidth_fraction']:.0%}" if r["bandwidth_fraction"] is not None else "-"]
         if len(head) > len(cells):

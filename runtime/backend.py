@@ -183,7 +183,7 @@ class ContextParams:
     n_ubatch: int
     n_threads: int
     flash_attn: str = "auto"
-    n_seq_max: int = 2  # seq 0 serves requests; seq 1 is scratch for saving prefixes
+    n_seq_max: int = 2  # seq 0 serves requests; seq 1 is scratch for saving prefixes; more for batches
     observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
     type_k: str = "f16"  # KV cache types (ggml type names)
     type_v: str = "f16"
@@ -253,6 +253,21 @@ class Context:
 
         ptr = C.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, n_vocab)).copy()
+
+    def decode_batch(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        """Evaluate (token, position, sequence, wants logits) entries of several sequences at once."""
+        b = self._b
+        if len(entries) > self.n_batch:
+            raise BackendError(f"batch of {len(entries)} tokens exceeds n_batch {self.n_batch}")
+        tok, pos, nseq, seq, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i, (t, p, s, want) in enumerate(entries):
+            tok[i], pos[i], nseq[i], logits[i] = t, p, 1, want
+            seq[i][0] = s
+        b.n_tokens = len(entries)
+        rc = C.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise BackendError("the KV cache is full" if rc == 1 else f"llama_decode failed with code {rc}",
+                               "use a larger context or fewer parallel sequences")
 
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)

@@ -10,7 +10,6 @@ the KV cache once per token, so memory bandwidth / bytes per token bounds decode
 from __future__ import annotations
 
 import random
-import resource
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ class BenchResult:
     samples_ns: list[int]
     ttft_ms: list[float] = field(default_factory=list)
     joules: list[float] = field(default_factory=list)
+    peak_rss: int = 0  # the largest resident size seen at the end of a repetition
 
     @property
     def tokens(self) -> int:
@@ -91,8 +91,11 @@ def energy_available() -> bool:
     return _energy() is not None
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def rss_bytes() -> int:
+    """Resident memory now (the bandwidth probe's buffer is freed by then, so it does not count)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
 
 
 def run_test(engine, test: BenchTest, reps: int, on_rep: Callable[[int], None] | None = None) -> BenchResult:
@@ -134,6 +137,7 @@ def run_test(engine, test: BenchTest, reps: int, on_rep: Callable[[int], None] |
             if rep == 0:
                 continue
             result.samples_ns.append(elapsed)
+            result.peak_rss = max(result.peak_rss, rss_bytes())
             if ttft is not None:
                 result.ttft_ms.append(ttft)
             if joules0 is not None and joules1 is not None and joules1 >= joules0:
@@ -155,4 +159,76 @@ def summarize(result: BenchResult) -> dict:
         "samples_ns": ns, "samples_ts": ts,
         "ttft_ms": statistics.mean(result.ttft_ms) if result.ttft_ms else None,
         "joules_per_token": statistics.mean(result.joules) / result.tokens if result.joules else None,
+        "peak_memory_bytes": result.peak_rss,
     }
+
+
+@dataclass
+class ParallelResult:
+    n_parallel: int
+    n_prompt: int
+    n_gen: int
+    ttft_ms: list[float]
+    itl_ms: list[float]  # every decode step's duration (one token for each sequence)
+    decode_s: list[float]
+
+    @property
+    def aggregate_tps(self) -> float:
+        return statistics.median(self.n_parallel * self.n_gen / s for s in self.decode_s)
+
+    @property
+    def ttft_p50(self) -> float:
+        return statistics.median(self.ttft_ms)
+
+    @property
+    def itl_p50(self) -> float:
+        return statistics.median(self.itl_ms)
+
+
+def run_parallel(engine, n_parallel: int, n_prompt: int, n_gen: int, reps: int) -> ParallelResult:
+    """N requests arriving together: their prompts prefilled in shared batches, then one batch
+    per step carrying the next token of every sequence (llama.cpp's batched decoding)."""
+    from .backend import Sampler, SamplerParams
+
+    if n_parallel * (n_prompt + n_gen) > engine.n_ctx:
+        raise ValueError(f"{n_parallel} sequences of {n_prompt + n_gen} tokens need a context of "
+                         f"{n_parallel * (n_prompt + n_gen)}; it holds {engine.n_ctx}")
+    rng = random.Random(7)
+    vocab = engine.model.n_vocab
+    prompts = [[rng.randrange(vocab) for _ in range(n_prompt)] for _ in range(n_parallel)]
+    ctx, nb = engine.ctx, engine.n_batch
+    result = ParallelResult(n_parallel, n_prompt, n_gen, [], [], [])
+    sampler = Sampler(engine.model, SamplerParams(0.0, 0, 1.0, 0.0, 1.0, 64, 0))
+    try:
+        for rep in range(reps + 1):
+            engine.reset()
+            entries = [(t, p, s, p == n_prompt - 1) for s, prompt in enumerate(prompts) for p, t in enumerate(prompt)]
+            started = time.perf_counter()
+            for i in range(0, len(entries), nb):
+                chunk = entries[i:i + nb]
+                ctx.decode_batch(chunk)
+                for j, entry in enumerate(chunk):  # the first token of each sequence whose prompt ended here
+                    if entry[3]:
+                        sampler.sample(ctx, j)  # indexed by the token's place in the batch
+            ttft = (time.perf_counter() - started) * 1000
+            steps, pos = [], n_prompt
+            step_start = time.perf_counter()
+            for _ in range(n_gen):
+                t0 = time.perf_counter()
+                ctx.decode_batch([(rng.randrange(vocab), pos, s, True) for s in range(n_parallel)])
+                for k in range(n_parallel):
+                    sampler.sample(ctx, k)
+                steps.append((time.perf_counter() - t0) * 1000)
+                pos += 1
+            if rep == 0:
+                continue
+            result.ttft_ms.append(ttft)
+            result.itl_ms += steps
+            result.decode_s.append(time.perf_counter() - step_start)
+    finally:
+        sampler.close()
+        engine.reset()
+    return result
+
+
+SLO = {"interactive": (500.0, 30.0), "server": (2000.0, 100.0)}  # (TTFT ms, ms per token): MLPerf, small models

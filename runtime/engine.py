@@ -51,7 +51,7 @@ class Engine:
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
                                       n_threads=self.n_threads, flash_attn=settings.flash_attn,
                                       observer=settings.observer, type_k=settings.type_k,
-                                      type_v=settings.type_v),
+                                      type_v=settings.type_v, n_seq_max=max(2, settings.n_seq_max)),
             )
         except BaseException:
             self.model.close()

@@ -75,3 +75,18 @@ def test_bad_arguments_are_clear(synth_model, tmp_path, args, message, code):
     r = run_tallow(["bench", str(synth_model), "-r", "1", "-t", "1", "-n", "4", "-p", "8", *args], home=tmp_path)
     assert r.returncode == code, r.stderr.decode()
     assert message in r.stderr.decode() and b"Traceback" not in r.stderr
+
+
+def test_parallel_rows_and_the_slo_verdict(synth_model, tmp_path):
+    r = run_tallow(["bench", str(synth_model), "-p", "16", "-n", "8", "-r", "2", "-t", "1", "--parallel", "1,3",
+                    "--slo", "server", "-o", "json"], home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = [x for x in json.loads(r.stdout) if x.get("n_parallel")]
+    assert [x["n_parallel"] for x in rows] == [1, 3]
+    for x in rows:
+        assert x["ttft_ms"] > 0 and x["itl_ms"] > 0
+        assert x["avg_ts"] == pytest.approx(sum(x["samples_ts"]) / len(x["samples_ts"]))
+        assert x["samples_ts"][0] == pytest.approx(x["n_parallel"] * 8 / (x["samples_ns"][0] / 1e9), rel=1e-6)
+    assert b"server SLO" in r.stderr and b"parallel sequences" in r.stderr
+    bad = run_tallow(["bench", str(synth_model), "-r", "1", "--slo", "fast"], home=tmp_path)
+    assert bad.returncode == 2 and b"interactive or server" in bad.stderr
