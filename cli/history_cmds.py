@@ -58,10 +58,15 @@ def logs(
         else:
             err_console().print("no history yet", soft_wrap=True)
         return
+    from tallow.models.errors import TallowError
     from tallow.runtime.history import History
 
-    history = History(settings.history_path())
-    turns = history.turns(limit=count or None, query=query, conversation=conversation)
+    try:
+        history = History(settings.history_path())
+        turns = history.turns(limit=count or None, query=query, conversation=conversation)
+    except sqlite3.Error as exc:
+        raise TallowError(f"the history log {settings.history_path()} cannot be read: {exc}",
+                          "move it aside; a new one is started on the next run") from exc
     if as_json:
         sys.stdout.write(json.dumps([t.__dict__ for t in turns], ensure_ascii=False) + "\n")
         return

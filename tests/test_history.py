@@ -100,6 +100,8 @@ def test_a_broken_or_locked_database_never_costs_the_answer(think_model, tmp_pat
     r = run_tallow(["run", str(think_model), "hi", "--temperature", "0"], home=home)
     assert r.returncode == 0 and r.stdout == b"OK\n"
     assert b"warning: history log unavailable" in r.stderr
+    logs = run_tallow(["logs"], home=home)
+    assert logs.returncode == 1 and b"cannot be read" in logs.stderr and b"Traceback" not in logs.stderr
 
     home2 = tmp_path / "home2"
     assert run_tallow(["run", str(think_model), "first"], home=home2).returncode == 0
