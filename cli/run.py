@@ -91,14 +91,15 @@ def run(
                                  cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
                                  grammar=grammar)
         final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal())
-        engine.save_prompt(request)
+        if as_json:
+            out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
+            sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        if not quiet and (stats or stderr_is_terminal()):
+            err_console().print(stats_line(final), style="dim", soft_wrap=True)
+        if final.finish_reason != "interrupted":
+            engine.save_prompt(request)  # after everything is shown: saving never delays an answer
     log_turn(history, conversation_id, name, system, text, final)
-    if as_json:
-        out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
-        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
-    if not quiet and (stats or stderr_is_terminal()):
-        err_console().print(stats_line(final), style="dim", soft_wrap=True)
     if final.finish_reason == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
     if grammar is not None:

@@ -183,7 +183,7 @@ class ContextParams:
     n_ubatch: int
     n_threads: int
     flash_attn: str = "auto"
-    n_seq_max: int = 2  # seq 0 serves requests; seq 1 is scratch for saving prefixes; more for batches
+    n_seq_max: int = 1  # more for decoding several sequences at once
     observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
     type_k: str = "f16"  # KV cache types (ggml type names)
     type_v: str = "f16"
@@ -202,9 +202,9 @@ class Context:
         params.n_threads_batch = p.n_threads
         params.flash_attn_type = FLASH_ATTN[p.flash_attn]
         params.no_perf = True
-        # One KV buffer shared by all sequences: a scratch sequence can then copy a prefix
-        # of seq 0 (a cheap tag on the same cells) to save it without disturbing seq 0.
-        params.kv_unified = True
+        # Several sequences share one KV buffer (each may then use the whole context); a
+        # single sequence does without it, since the unified layout costs a little decode speed.
+        params.kv_unified = p.n_seq_max > 1
         params.type_k, params.type_v = _ggml_type(p.type_k), _ggml_type(p.type_v)
         if p.observer is not None:
             params.cb_eval = p.observer.callback
@@ -274,9 +274,6 @@ class Context:
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
-
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
     def save_seq(self, path: Path, seq_id: int, tokens: list[int]) -> int:
         """Write a sequence's KV state and its tokens to `path`; returns bytes written (0: failed)."""

@@ -95,7 +95,6 @@ class Conversation:
             final = events.throw(KeyboardInterrupt)
         self._record(user, final)
         yield final
-        self.engine.save_prompt(request)  # once the turn has been shown: never delays an answer
 
     def _record(self, user: dict[str, Any], final: FinalEvent) -> None:
         answer = {"role": "assistant", "content": final.text}

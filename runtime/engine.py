@@ -15,7 +15,6 @@ from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, 
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
 
 _SEQ = 0
-_SCRATCH = 1  # holds a copy of a prefix of seq 0 while it is saved
 
 
 def physical_cores() -> int:
@@ -51,7 +50,7 @@ class Engine:
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
                                       n_threads=self.n_threads, flash_attn=settings.flash_attn,
                                       observer=settings.observer, type_k=settings.type_k,
-                                      type_v=settings.type_v, n_seq_max=max(2, settings.n_seq_max)),
+                                      type_v=settings.type_v, n_seq_max=settings.n_seq_max),
             )
         except BaseException:
             self.model.close()
@@ -122,7 +121,7 @@ class Engine:
         s = self._settings
         self._disk = (cache, fingerprint({
             "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": s.type_k, "type_v": s.type_v,
-            "flash_attn": s.flash_attn, "rope": "model", "kv_unified": True, "llama_cpp": self._backend_version(),
+            "flash_attn": s.flash_attn, "rope": "model", "n_seq_max": s.n_seq_max, "llama_cpp": self._backend_version(),
         }))
 
     @staticmethod
@@ -152,7 +151,13 @@ class Engine:
 
     def save_prompt(self, request: Request) -> int:
         """Save the request's prompt, and its cache points, to the disk cache (after the
-        answer, so it never delays one). Returns how many entries were written."""
+        answer, so it never delays one). Returns how many entries were written.
+
+        The KV cache is trimmed to each prefix in turn, longest first, and saved: a
+        one-shot run ends here anyway, and a single unified-free sequence keeps decoding
+        fastest (a scratch sequence would need llama.cpp's unified KV buffer, which costs
+        a few percent of decode speed). Afterwards the cache holds the shortest prefix saved.
+        """
         if self._disk is None or not request.disk_cache:
             return 0
         cache, fp = self._disk
@@ -161,15 +166,13 @@ class Engine:
         # The whole prompt but its last token: a later run loads it and evaluates that token
         # into the very next cell, exactly as this run did (no hole left by trimming the
         # KV, which would shift llama.cpp's summation order and, at temperature 0, the answer).
-        for n in sorted({*request.cache_points, len(prompt) - 1}):
+        for n in sorted({*request.cache_points, len(prompt) - 1}, reverse=True):
             tokens = prompt[:n]
             if n < cache.min_tokens or self._kv[:n] != tokens or cache.has(fp, tokens):
                 continue
-            self.ctx.seq_cp(_SEQ, _SCRATCH, 0, n)
-            try:
-                written += cache.put(fp, tokens, lambda path: self.ctx.save_seq(path, _SCRATCH, tokens)) is not None
-            finally:
-                self.ctx.seq_rm(_SCRATCH, 0, -1)
+            self.ctx.seq_rm(_SEQ, n, -1)
+            del self._kv[n:]
+            written += cache.put(fp, tokens, lambda path: self.ctx.save_seq(path, _SEQ, tokens)) is not None
         return written
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:

@@ -20,7 +20,7 @@ class LoadSettings:
     observer: object = None  # runtime.backend.ActivationStats, to collect an importance matrix
     type_k: str = "f16"  # KV cache types
     type_v: str = "f16"
-    n_seq_max: int = 2  # sequences the context can hold at once (more for parallel decoding)
+    n_seq_max: int = 1  # sequences the context can hold at once (more for parallel decoding)
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ def main() -> None:
         impls["llama"] = HighLevel(path, n_ctx)
     tallow = impls["tallow"].engine
     results: dict[tuple[str, str], list[float]] = {}
-    cases = [("tg128", 128, args.reps)] + ([(f"tg{args.long}", args.long, 1)] if args.long else [])
+    cases = [("tg128", 128, args.reps)] + ([(f"tg{args.long}", args.long, 2)] if args.long else [])
     for name, impl in impls.items():  # warm-up: first decodes allocate and page in weights
         impl.run(prompt_tokens(tallow, N_PROMPT, 0), 8)
     for case, n_gen, reps in cases:
