@@ -20,6 +20,7 @@ def test_wheel_installs_only_the_tallow_package(tmp_path):
     for pkg in ("cli", "runtime", "models", "quantize"):
         assert f"tallow/{pkg}/__init__.py" in names
     assert "tallow/__init__.py" not in names  # a namespace: no modules of its own
+    assert "tallow/quantize/data/eval.txt" in names  # `tallow eval` works offline from a wheel install
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
