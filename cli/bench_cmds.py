@@ -116,7 +116,7 @@ def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_a
                     "avg_ts": statistics.mean(samples), "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
                     "avg_ns": int(statistics.mean(res.decode_s) * 1e9),
                     "stddev_ns": int(statistics.stdev(res.decode_s) * 1e9) if len(samples) > 1 else 0, "samples_ts": samples,
-                    "samples_ns": [int(s * 1e9) for s in res.decode_s], "ttft_ms": res.ttft_p50, "itl_ms": res.itl_p50,
+                    "samples_ns": [round(s * 1e9) for s in res.decode_s], "ttft_ms": res.ttft_p50, "itl_ms": res.itl_p50,
                     "peak_memory_bytes": B.rss_bytes(), "bandwidth_bytes_per_s": None, "bytes_per_token": None,
                     "bandwidth_fraction": None, "joules_per_token": None,
                 })
