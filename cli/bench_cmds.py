@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from . import options as o
+from . import settings
 from .models import find_model
 from .render import err_console, human_bytes, human_count
 
@@ -71,7 +72,7 @@ def bench(
     combos = list(itertools.product(_ints(threads, "-t", 1) if threads else [physical_cores()],
                                     _ints(batch, "-b", 1), _ints(gpu_layers, "--gpu-layers")))
     baseline = _load_saved(compare) if compare else None
-    local = [find_model(m, offline=offline or o.settings_offline()) for m in models]
+    local = [find_model(m, offline=offline or settings.offline()) for m in models]
     rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn)
     if parallel_ns:
         p, n = (_ints(n_prompt, "-p")[0] or 128), (_ints(n_gen, "-n")[0] or 32)

@@ -109,9 +109,3 @@ def check_structured(text: str, finish_reason: str, schema) -> None:
             validator_for(schema)(schema).validate(value)
         except ValidationError as exc:
             raise TallowError(f"the answer does not follow the schema: {exc.message}") from exc
-
-
-def settings_offline() -> bool:
-    from . import settings
-
-    return settings.offline()

@@ -49,8 +49,6 @@ SMOLLM2_135M = PackagedModel(
     description="SmolLM2-135M-Instruct, Q4_1",
 )
 
-DEFAULT_MODEL = SMOLLM2_135M.name
-
 CATALOG: dict[str, PackagedModel | HubModel] = {
     m.name: m
     for m in (

@@ -70,10 +70,3 @@ def parse_ref(text: str) -> Ref:
         quant = m.group("quant").upper() if m.group("quant") else None
         return HubRef(m.group("repo"), quant, None, f"{m.group('repo')}:{quant or DEFAULT_TAG}")
     return NameRef(str(parse_name(text)))
-
-
-def stored_name(ref: Ref) -> str | None:
-    """The name a reference is stored under (None for a loose file)."""
-    if isinstance(ref, PathRef):
-        return None
-    return ref.name

@@ -111,8 +111,6 @@ class Model:
         self.vocab = C.llama_model_get_vocab(ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = C.llama_model_n_ctx_train(ptr)
-        self.n_params = C.llama_model_n_params(ptr)
-        self.size_bytes = C.llama_model_size(ptr)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)

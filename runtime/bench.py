@@ -173,10 +173,6 @@ class ParallelResult:
     decode_s: list[float]
 
     @property
-    def aggregate_tps(self) -> float:
-        return statistics.median(self.n_parallel * self.n_gen / s for s in self.decode_s)
-
-    @property
     def ttft_p50(self) -> float:
         return statistics.median(self.ttft_ms)
 
