@@ -94,9 +94,10 @@ FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYP
 class Model:
     """A loaded model and its vocabulary."""
 
-    def __init__(self, paths: list[Path], n_gpu_layers: int) -> None:
+    def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True) -> None:
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = extra_buffers  # repacked weight layouts for faster CPU kernels
         _log_tail.clear()
         if len(paths) == 1:
             ptr = C.llama_model_load_from_file(str(paths[0]).encode("utf-8"), params)
@@ -185,6 +186,7 @@ class ContextParams:
     observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
     type_k: str = "f16"  # KV cache types (ggml type names)
     type_v: str = "f16"
+    kv_unified: bool | None = None  # None: unified exactly when there are several sequences
 
 
 class Context:
@@ -202,7 +204,7 @@ class Context:
         params.no_perf = True
         # Several sequences share one KV buffer (each may then use the whole context); a
         # single sequence does without it, since the unified layout costs a little decode speed.
-        params.kv_unified = p.n_seq_max > 1
+        params.kv_unified = p.n_seq_max > 1 if p.kv_unified is None else p.kv_unified
         params.type_k, params.type_v = _ggml_type(p.type_k), _ggml_type(p.type_v)
         if p.observer is not None:
             params.cb_eval = p.observer.callback
@@ -251,6 +253,15 @@ class Context:
 
         ptr = C.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, n_vocab)).copy()
+
+    def logit_row(self, row: int, n_vocab: int):
+        """The logits of one output row of the last decode (its index in that batch), as a copy."""
+        import numpy as np
+
+        ptr = C.llama_get_logits_ith(self.ptr, row)
+        if not ptr:
+            raise BackendError(f"no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
 
     def decode_batch(self, entries: list[tuple[int, int, int, bool]]) -> None:
         """Evaluate (token, position, sequence, wants logits) entries of several sequences at once."""

@@ -43,14 +43,17 @@ class Engine:
         self.path = paths[0]
         self.model = backend.Model(paths, gpu_layer_count(settings.gpu_layers, backend.supports_gpu_offload()))
         try:
-            n_ctx = settings.n_ctx or min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+            # By default each sequence gets the model's trained length, capped.
+            per_seq = min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+            n_ctx = settings.n_ctx or per_seq * settings.n_seq_max
             self.n_threads = settings.n_threads or physical_cores()
             self.ctx = backend.Context(
                 self.model,
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
                                       n_threads=self.n_threads, flash_attn=settings.flash_attn,
                                       observer=settings.observer, type_k=settings.type_k,
-                                      type_v=settings.type_v, n_seq_max=settings.n_seq_max),
+                                      type_v=settings.type_v, n_seq_max=settings.n_seq_max,
+                                      kv_unified=settings.kv_unified),
             )
         except BaseException:
             self.model.close()
@@ -226,13 +229,18 @@ class Engine:
             self._kv.extend(chunk)
         run.timings.prefill_tokens = len(todo)
 
-    def _generate(self, run: _Run, prompt: list[int]) -> Iterator[TokenEvent]:
+    def sampler_for(self, request: Request):
+        """A C sampler chain for the request's settings (the caller closes it)."""
         from .backend import Sampler, SamplerParams
 
+        s = request.sampling
+        banned = self.model.eog_tokens() if request.ignore_eos else ()
+        return Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
+                                                 s.repeat_last_n, s.resolved_seed(), banned, request.grammar))
+
+    def _generate(self, run: _Run, prompt: list[int]) -> Iterator[TokenEvent]:
         s = run.request.sampling
-        banned = self.model.eog_tokens() if run.request.ignore_eos else ()
-        sampler = Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
-                                                    s.repeat_last_n, s.resolved_seed(), banned, run.request.grammar))
+        sampler = self.sampler_for(run.request)
         try:
             t0 = run.started
             self._prefill(run, prompt)

@@ -21,6 +21,7 @@ class LoadSettings:
     type_k: str = "f16"  # KV cache types
     type_v: str = "f16"
     n_seq_max: int = 1  # sequences the context can hold at once (more for parallel decoding)
+    kv_unified: bool | None = None  # one KV buffer shared by all sequences; None: when n_seq_max > 1
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Request:
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
     draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
+    logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
 
 
 @dataclass
@@ -119,6 +121,8 @@ class TokenEvent:
     text: str  # answer text; may be empty while a character or a possible stop string is held back
     token: int
     reasoning: str = ""  # reasoning text this token produced (never part of `text`)
+    logprob: float | None = None  # the model's log-probability of the token (when asked for)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely tokens at this step
 
 
 @dataclass

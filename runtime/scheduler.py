@@ -1,0 +1,448 @@
+"""Continuous batching: many requests decoded together in one llama.cpp context.
+
+One engine thread owns the context. Each step it packs the next token of every
+decoding sequence, then prefill chunks of admitted requests up to n_batch tokens,
+into one llama_decode; it samples for the rows that asked for logits and hands each
+request its events. A finished request frees its slot at once, and the next waiting
+request takes it at the following step. Callers talk to the thread only through
+`submit` (which queues) and the Handle it returns (which relays events and cancels).
+
+Deterministic mode makes a request's answer independent of what else is being
+decoded; see DESIGN.md ("Batch invariance") for the two llama.cpp behaviours it
+works around and what that costs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+from tallow.models.errors import TallowError
+
+from .engine import Engine, _common_prefix, _Run
+from .errors import BackendError, ContextOverflow
+from .metrics import Histogram
+from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
+
+
+# Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
+# rows), past which a tiled kernel with its own summation order takes over.
+DET_CHUNK = 63
+
+
+class QueueFull(TallowError):
+    """Too many requests are waiting already."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    parallel: int = 4  # sequences decoded together
+    deterministic: bool = False  # answers independent of the other requests in the batch
+    max_queue: int = 64  # requests that may wait for a slot; more are refused
+    max_tokens_cap: int | None = None  # clamp on a request's max_tokens (None: the sequence's room)
+    time_limit_s: float | None = None  # per request, from submission; finish_reason "time_limit"
+
+
+def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:
+    """The context a scheduler needs: a sequence per slot, and for deterministic mode a KV
+    stream per sequence and flash attention (which skips other sequences' cells exactly)."""
+    if sched.parallel < 1:
+        raise ValueError("parallel must be at least 1")
+    if sched.deterministic:
+        return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on")
+    return replace(load, n_seq_max=sched.parallel, kv_unified=True)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The request could not be completed (llama.cpp failed, or the server is closing)."""
+
+    error: TallowError
+
+
+Event = TokenEvent | FinalEvent | Failure
+
+
+class Handle:
+    """One submitted request: its events, and a way to cancel it."""
+
+    def __init__(self, on_event: Callable[[Event], None] | None) -> None:
+        self._queue: queue.Queue | None = None if on_event is not None else queue.Queue()
+        self._on_event = on_event if on_event is not None else self._queue.put
+        self.cancelled = False
+        self._wake: Callable[[], None] = lambda: None
+
+    def cancel(self) -> None:
+        """Stop the request at the next step (finish_reason 'cancelled'); its slot is freed."""
+        self.cancelled = True
+        self._wake()
+
+    def events(self) -> Iterator[TokenEvent | FinalEvent]:
+        """The events of a handle made without a callback, ending with the FinalEvent."""
+        while True:
+            event = self._queue.get()
+            if isinstance(event, Failure):
+                raise event.error
+            yield event
+            if isinstance(event, FinalEvent):
+                return
+
+    def result(self) -> FinalEvent:
+        for event in self.events():
+            if isinstance(event, FinalEvent):
+                return event
+        raise AssertionError("unreachable")
+
+
+class _Job:
+    def __init__(self, request: Request, handle: Handle, limit: int, deadline: float | None) -> None:
+        self.request = request
+        self.handle = handle
+        self.run = _Run(request, Timings(), Usage(prompt_tokens=len(request.prompt_tokens)))
+        self.limit = limit  # KV cells (positions) this request may use
+        self.deadline = deadline
+        self.sampler = None
+        self.slot: _Slot | None = None
+        self.next_token: int | None = None  # sampled, not yet evaluated
+        self.t_admit = 0.0
+
+
+class _Slot:
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.kv: list[int] = []  # tokens whose cells this sequence holds, in position order
+        self.job: _Job | None = None
+        self.last_used = 0.0
+
+
+@dataclass
+class Stats:
+    """Counters for /metrics; written by the engine thread, read by anyone."""
+
+    requests: dict[str, int]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft: Histogram = None
+    itl: Histogram = None
+    steps: int = 0
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, settings: SchedulerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        ctx = engine.ctx
+        self.n_ctx = ctx.n_ctx
+        self.n_batch = ctx.n_batch
+        # A unified KV buffer lets one sequence use all of it; separate streams split it evenly.
+        self.capacity = self.n_ctx if not settings.deterministic else self.n_ctx // settings.parallel
+        self.slots = [_Slot(i) for i in range(settings.parallel)]
+        self._waiting: deque[_Job] = deque()
+        self._active: list[_Job] = []  # admitted, in admission order
+        self._cond = threading.Condition()
+        self._closing = False
+        self.stats = Stats({}, ttft=Histogram.latency(), itl=Histogram.latency())
+        self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, paths, load: LoadSettings, settings: SchedulerSettings) -> Scheduler:
+        return cls(Engine(paths, load_settings_for(load, settings)), settings)
+
+    # -- the caller's side -------------------------------------------------------------------
+    def submit(self, request: Request, on_event: Callable[[Event], None] | None = None) -> Handle:
+        """Queue a request. Raises ContextOverflow when it can never fit, QueueFull when too
+        many wait. `on_event` is called on the engine thread; without it, read handle.events()."""
+        prompt = request.prompt_tokens
+        if not prompt:
+            raise ContextOverflow("the prompt is empty")
+        if len(prompt) >= self.capacity:
+            raise ContextOverflow(
+                f"the prompt is {len(prompt)} tokens but a sequence holds {self.capacity} "
+                "(one more is needed to answer)", "shorten the prompt, or raise --ctx")
+        room = self.capacity - len(prompt)
+        wanted = request.max_tokens
+        cap = self.settings.max_tokens_cap
+        if wanted is None or (cap is not None and wanted > cap):
+            wanted = cap if cap is not None else room
+        limit = len(prompt) + min(wanted, room)
+        deadline = None if self.settings.time_limit_s is None else time.perf_counter() + self.settings.time_limit_s
+        handle = Handle(on_event)
+        job = _Job(request, handle, limit, deadline)
+        handle._wake = self._wake
+        with self._cond:
+            if self._closing:
+                raise QueueFull("the server is shutting down")
+            if len(self._waiting) >= self.settings.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting", "try again shortly")
+            self._waiting.append(job)
+            self._cond.notify()
+        return handle
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    @property
+    def kv_used(self) -> int:
+        return sum(len(s.kv) for s in self.slots)
+
+    def close(self) -> None:
+        """Stop the engine thread; requests still in flight or waiting fail."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        self.engine.close()
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._active and not self._admissible():
+                    self._cond.wait(0.25)
+                if self._closing:
+                    break
+                self._admit()
+            self._expire()
+            if self._active:
+                self._step()
+        gone = BackendError("the server is shutting down")
+        for job in list(self._active) + list(self._waiting):
+            self._fail(job, gone)
+
+    def _admissible(self) -> bool:
+        return bool(self._waiting) and any(s.job is None for s in self.slots)
+
+    def _admit(self) -> None:
+        """Give waiting requests free slots, first come first served, while the KV cache has
+        room for everything they may write (a request that does not fit yet waits)."""
+        for job in [j for j in self._waiting if j.handle.cancelled]:
+            self._waiting.remove(job)
+            job.run.finish = "cancelled"
+            self._emit(job, job.run.final())
+        while self._waiting:
+            job = self._waiting[0]
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                return
+            prompt = job.request.prompt_tokens
+            slot = max(free, key=lambda s: (_common_prefix(s.kv, prompt), -s.last_used))
+            if not self.settings.deterministic and not self._make_room(job, slot, free):
+                return
+            self._waiting.popleft()
+            self._start(job, slot)
+
+    def _make_room(self, job: _Job, slot: _Slot, free: list[_Slot]) -> bool:
+        """Unified KV: reserve job.limit cells, dropping idle slots' cached prompts (least
+        recently used first) if need be."""
+        reserved = sum(j.limit for j in self._active)
+        idle = sorted((s for s in free if s is not slot and s.kv), key=lambda s: s.last_used)
+        held = sum(len(s.kv) for s in idle)
+        while reserved + held + job.limit > self.n_ctx and idle:
+            victim = idle.pop(0)
+            held -= len(victim.kv)
+            self.engine.ctx.seq_rm(victim.seq, 0, -1)
+            victim.kv.clear()
+        return reserved + held + job.limit <= self.n_ctx
+
+    def _start(self, job: _Job, slot: _Slot) -> None:
+        now = time.perf_counter()
+        prompt = job.request.prompt_tokens
+        cached = _common_prefix(slot.kv, prompt)
+        if cached == len(prompt):
+            cached -= 1  # the last prompt token is evaluated again for its logits
+        self.engine.ctx.seq_rm(slot.seq, cached, -1)
+        del slot.kv[cached:]
+        run = job.run
+        run.usage.cached_tokens = cached
+        run.usage.cache_source = "memory" if cached else None
+        run.timings.queue_ms = (now - run.started) * 1000
+        run.timings.prefill_tokens = len(prompt) - cached
+        job.t_admit = now
+        job.slot, slot.job = slot, job
+        try:
+            job.sampler = self.engine.sampler_for(job.request)
+        except TallowError as e:
+            slot.job = None
+            self._emit(job, Failure(e))
+            return
+        s = job.request.sampling
+        if s.repeat_penalty != 1.0:
+            for t in prompt[-s.repeat_last_n:]:
+                job.sampler.accept(t)
+        self._active.append(job)
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        for job in list(self._active):
+            if job.handle.cancelled:
+                job.run.finish = "cancelled"
+                self._finish(job)
+            elif job.deadline is not None and now >= job.deadline:
+                job.run.finish = "time_limit"
+                self._finish(job)
+
+    def _calls(self) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
+        """This step's llama_decode calls: (entries, [(row, job) to sample])."""
+        det = self.settings.deterministic
+        decode: list[tuple[int, int, int, bool]] = []
+        wants: list[tuple[int, _Job]] = []
+        for job in self._active:
+            if job.next_token is None:
+                continue
+            slot = job.slot
+            if det:  # every sequence brings two tokens: see _pair
+                self._pair(slot, decode)
+            wants.append((len(decode), job))
+            decode.append((job.next_token, len(slot.kv), slot.seq, True))
+            slot.kv.append(job.next_token)
+            job.next_token = None
+        calls = [(decode, wants)] if decode else []
+        budget = self.n_batch - len(decode)
+        for job in self._active:
+            prompt, slot = job.request.prompt_tokens, job.slot
+            start = len(slot.kv)
+            if job.run.t_decode_start is not None or start >= len(prompt) or job.sampler is None:
+                continue
+            if budget < (2 if det else 1):
+                break
+            chunk: list[tuple[int, int, int, bool]] = []
+            if det and len(prompt) - start == 1 and start > 0:
+                self._pair(slot, chunk)
+            room = budget - len(chunk)
+            if det:  # below flash attention's tiled kernel, which rounds differently
+                room = min(room, DET_CHUNK)
+            n = min(room, len(prompt) - start)
+            for i in range(start, start + n):
+                # deterministic mode asks for two output rows: see _pair
+                chunk.append((prompt[i], i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
+            slot.kv.extend(prompt[start:start + n])
+            budget -= len(chunk)
+            row = [(len(chunk) - 1, job)] if start + n == len(prompt) else []
+            if det:  # a call of its own, so llama.cpp cannot split it into a 1-token ubatch
+                calls.append((chunk, row))
+            elif calls:
+                base = len(calls[0][0])
+                calls[0][0].extend(chunk)
+                calls[0][1].extend((base + r, j) for r, j in row)
+            else:
+                calls.append((chunk, row))
+        return calls
+
+    def _pair(self, slot: _Slot, entries: list) -> None:
+        """Re-evaluate the sequence's last token alongside the next one, both with logits, so
+        that no matrix product ever has a single row: llama.cpp multiplies one row with a
+        different kernel (ggml's vec_dot) than several (llamafile's sgemm), the two round
+        differently, and the last layer and the output matrix run on the output rows only.
+        The re-evaluated cell gets the very values it had."""
+        p = len(slot.kv) - 1
+        self.engine.ctx.seq_rm(slot.seq, p, -1)
+        entries.append((slot.kv[p], p, slot.seq, True))
+        del slot.kv[p:]
+        slot.kv.append(entries[-1][0])
+
+    def _step(self) -> None:
+        ctx = self.engine.ctx
+        for entries, wants in self._calls():
+            try:
+                ctx.decode_batch(entries)
+            except BackendError as e:
+                for job in list(self._active):
+                    self._fail(job, e)
+                return
+            self.stats.steps += 1
+            for row, job in wants:
+                self._sample(job, row)
+
+    def _sample(self, job: _Job, row: int) -> None:
+        run = job.run
+        token = job.sampler.sample(self.engine.ctx, row)
+        if run.t_decode_start is None:
+            now = time.perf_counter()
+            run.timings.prefill_ms = (now - job.t_admit) * 1000
+            run.t_decode_start = now
+        before = run.t_last
+        event, done = self.engine._take(run, token)
+        if run.t_last is not before:
+            if before is None:
+                self.stats.ttft.observe(run.timings.ttft_ms / 1000)
+            else:
+                self.stats.itl.observe(run.timings.itl_ms[-1] / 1000)
+        if event is not None:
+            if job.request.logprobs is not None:
+                event = _with_logprobs(event, self.engine.ctx.logit_row(row, self.engine.model.n_vocab),
+                                       job.request.logprobs)
+            self._emit(job, event)
+        if done:
+            self._finish(job)
+        elif len(job.slot.kv) >= job.limit:
+            run.finish = "length"
+            self._finish(job)
+        else:
+            job.next_token = token
+
+    def _finish(self, job: _Job) -> None:
+        final = job.run.final()
+        self._release(job)
+        st = self.stats
+        st.requests[final.finish_reason] = st.requests.get(final.finish_reason, 0) + 1
+        st.prompt_tokens += final.usage.prompt_tokens
+        st.cached_tokens += final.usage.cached_tokens
+        st.completion_tokens += final.usage.completion_tokens
+        self._emit(job, final)
+
+    def _fail(self, job: _Job, error: TallowError) -> None:
+        if job.slot is not None:
+            self.engine.ctx.seq_rm(job.slot.seq, 0, -1)
+            job.slot.kv.clear()
+        self._release(job)
+        self._emit(job, Failure(error))
+
+    def _release(self, job: _Job) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        if job.sampler is not None:
+            job.sampler.close()
+            job.sampler = None
+        slot = job.slot
+        if slot is not None:
+            slot.job = None
+            slot.last_used = time.perf_counter()
+            # The prompt stays cached for a follow-up; generated tokens stay too (a chat's
+            # next turn starts with them). Cells past the limit were never written.
+        job.slot = None
+
+    def _emit(self, job: _Job, event: Event) -> None:
+        try:
+            job.handle._on_event(event)
+        except Exception:  # a consumer that went away must not stop the engine
+            job.handle.cancelled = True
+
+
+def _with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
+    """The event with the model's log-probabilities (raw logits, before any sampler change)."""
+    import numpy as np
+
+    z = logits.astype(np.float64)
+    z -= z.max()
+    logz = np.log(np.exp(z).sum())
+    best = ()
+    if top > 0:
+        idx = np.argpartition(-z, top - 1)[:top]
+        idx = idx[np.argsort(-z[idx], kind="stable")]
+        best = tuple((int(i), float(z[i] - logz)) for i in idx)
+    return replace(event, logprob=float(z[event.token] - logz), top_logprobs=best)
