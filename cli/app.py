@@ -46,12 +46,13 @@ def _register() -> None:
     from .chat import chat
     from .history_cmds import logs_app
     from .run import run
+    from .serve_cmds import serve
     from .quantize_cmds import eval_models, imatrix, quantize
     from .store_cmds import import_model, list_models, pull, rm, show
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
                 ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix), ("bench", bench))
+                ("imatrix", imatrix), ("bench", bench), ("serve", serve))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.add_typer(logs_app, name="logs")

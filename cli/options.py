@@ -30,6 +30,8 @@ Format = Annotated[Optional[str], typer.Option("--format", help="'json': the ans
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
+Parallel = Annotated[int, typer.Option("--parallel", "-p", min=1, max=256, help="Requests decoded together (continuous batching).")]
+Deterministic = Annotated[bool, typer.Option("--deterministic", help="Answers that do not depend on the other requests in the batch (slower; see the README).")]
 OnOverflow = Annotated[str, typer.Option("--on-overflow", help="When the conversation outgrows the context: drop (the oldest turns, with a notice) or error.")]
 
 

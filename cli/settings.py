@@ -28,8 +28,9 @@ CONTEXT = Setting("TALLOW_CONTEXT_LENGTH", "4096", "default context size (capped
 NO_LOG = Setting("TALLOW_NO_LOG", "0", "1: do not record runs and chats in the local history log")
 CACHE_MAX = Setting("TALLOW_CACHE_MAX", "2GiB", "size cap of the prompt cache on disk (bytes, or with KB/MB/GB/KiB/MiB/GiB)")
 CACHE_MIN = Setting("TALLOW_CACHE_MIN_TOKENS", "256", "shortest prompt prefix worth saving to the prompt cache")
+API_KEY = Setting("TALLOW_API_KEY", "none", "the key `tallow serve` requires (same as --api-key)")
 
-REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN]
+REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN, API_KEY]
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -110,6 +111,10 @@ def hub_endpoint() -> str | None:
 
 def hub_token() -> str | None:
     return os.environ.get("HF_TOKEN") or None
+
+
+def api_key() -> str | None:
+    return API_KEY.raw() or None
 
 
 def debug() -> bool:

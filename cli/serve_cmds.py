@@ -1,0 +1,80 @@
+"""tallow serve: an OpenAI-compatible HTTP server over the continuous-batching scheduler."""
+
+from __future__ import annotations
+
+import socket
+from typing import Optional
+
+import typer
+
+from tallow.models.errors import TallowError
+
+from . import options as o
+from . import settings
+from .models import find_model
+from .render import err_console
+
+
+def serve(
+    model: o.Model = "smollm2:135m",
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    parallel: o.Parallel = 4,
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on every request (also TALLOW_API_KEY).", show_default=False),
+    cors: Optional[list[str]] = typer.Option(None, "--cors", help="Allow browser requests from this origin (repeatable).", show_default=False),
+    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Clamp on a request's max_tokens."),
+    max_queue: int = typer.Option(64, "--max-queue", min=0, help="Requests that may wait for a slot; more get 503."),
+    timeout: float = typer.Option(600.0, "--timeout", min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
+    max_body: int = typer.Option(4 * 1024 * 1024, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
+    deterministic: o.Deterministic = False,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = "auto",
+    flash_attn: o.FlashAttn = "auto",
+    offline: o.Offline = False,
+) -> None:
+    """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions,
+    /v1/models, plus /health and /metrics (Prometheus)."""
+    from tallow.runtime.scheduler import Scheduler, SchedulerSettings
+    from tallow.runtime.server import ServerConfig, create_app, is_loopback
+
+    key = api_key or settings.api_key()
+    if not is_loopback(host) and not key:
+        raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
+                                 "(or TALLOW_API_KEY)", param_hint="--host")
+    sock = _listen(host, port)  # before loading: a taken port fails fast
+    local = find_model(model, offline)
+    sched = Scheduler.load(local.paths, o.load_settings(ctx, threads, gpu_layers, flash_attn),
+                           SchedulerSettings(parallel=parallel, deterministic=deterministic, max_queue=max_queue,
+                                             max_tokens_cap=max_tokens, time_limit_s=timeout))
+    try:
+        app = create_app(sched, ServerConfig(model=local.name, host=host, api_key=key, cors=tuple(cors or ()),
+                                             max_body=max_body, max_tokens=max_tokens))
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        err_console().print(f"serving {local.name} on http://{shown}:{bound[1]} ({parallel} parallel, "
+                          f"context {sched.n_ctx}{', deterministic' if deterministic else ''})")
+        _run_uvicorn(app, sock)
+    finally:
+        sched.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise TallowError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                          "pick another --port, or stop what uses it") from exc
+    sock.listen(128)
+    return sock
+
+
+def _run_uvicorn(app, sock: socket.socket) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
