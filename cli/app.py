@@ -41,6 +41,7 @@ def root(
 
 
 def _register() -> None:
+    from .batch_cmds import batch
     from .bench_cmds import bench
     from .cache_cmds import cache_app
     from .chat import chat
@@ -52,7 +53,7 @@ def _register() -> None:
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
                 ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix), ("bench", bench), ("serve", serve))
+                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.add_typer(logs_app, name="logs")

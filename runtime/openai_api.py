@@ -30,7 +30,7 @@ class APIError(TallowError):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
+def parse_json(raw: bytes, what: str = "the request body") -> dict[str, Any]:
     """The request body: a JSON object; NaN and Infinity, which JSON does not have, are refused."""
     def no_constants(name: str):
         raise ValueError(f"{name} is not a JSON number")
@@ -38,9 +38,9 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         value = json.loads(raw, parse_constant=no_constants)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise APIError(f"the request body is not valid JSON: {exc}") from exc
+        raise APIError(f"{what} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
-        raise APIError("the request body must be a JSON object")
+        raise APIError(f"{what} must be a JSON object")
     return value
 
 
@@ -52,7 +52,8 @@ def _number(body: dict, name: str, lo: float, hi: float, default: float | None, 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise APIError(f"'{name}' must be {kind}", param=name)
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise APIError(f"'{name}' must be between {lo:g} and {hi:g}, not {value}", param=name)
+        show = (lambda v: str(int(v))) if integer else (lambda v: f"{v:g}")  # noqa: E731
+        raise APIError(f"'{name}' must be between {show(lo)} and {show(hi)}, not {value}", param=name)
     return value
 
 
@@ -200,6 +201,18 @@ def parse_completion(body: dict, limits: Limits) -> Parsed:
         raise APIError("'suffix' is not supported", param="suffix")
     logprobs = _number(body, "logprobs", 0, 20, None, integer=True)
     return Parsed(messages=None, prompt=prompt, logprobs=logprobs, **_common(body, limits))
+
+
+def to_request(engine, parsed: Parsed) -> Request:
+    """The engine request for a checked one: tokens through the chat template (or plain text
+    for a completion), and the grammar for its response format."""
+    from .grammar import grammar_for
+
+    grammar = grammar_for(parsed.json_format, parsed.schema)
+    if parsed.messages is not None:
+        return engine.request(parsed.messages, grammar=grammar, **parsed.request_kwargs())
+    tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
+    return Request(tokens, grammar=grammar, **parsed.request_kwargs())
 
 
 # -- responses -----------------------------------------------------------------------------

@@ -26,9 +26,9 @@ from tallow.models.errors import TallowError
 
 from .errors import ContextOverflow
 from .metrics import scheduler_metrics
-from .openai_api import APIError, Limits, Parsed, Shaper, parse_chat, parse_completion, parse_json
+from .openai_api import APIError, Limits, Shaper, parse_chat, parse_completion, parse_json, to_request
 from .scheduler import Failure, QueueFull, Scheduler
-from .types import FinalEvent, Request, TokenEvent
+from .types import FinalEvent, TokenEvent
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -101,16 +101,6 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model)
     started = int(time.time())
 
-    def build(parsed: Parsed) -> Request:
-        """Tokens (and grammar) for a checked request; runs in a worker thread."""
-        from .grammar import grammar_for
-
-        grammar = grammar_for(parsed.json_format, parsed.schema)
-        if parsed.messages is not None:
-            return engine.request(parsed.messages, grammar=grammar, **parsed.request_kwargs())
-        tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
-        return Request(tokens, grammar=grammar, **parsed.request_kwargs())
-
     async def body_of(request: HTTPRequest) -> dict[str, Any]:
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -123,7 +113,7 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     async def complete(request: HTTPRequest, chat: bool) -> Response:
         body = await body_of(request)
         parsed = parse_chat(body, limits) if chat else parse_completion(body, limits)
-        req = await run_in_threadpool(build, parsed)
+        req = await run_in_threadpool(to_request, engine, parsed)  # tokenizing can take a while
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         handle = sched.submit(req, on_event=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))

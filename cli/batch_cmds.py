@@ -1,0 +1,85 @@
+"""tallow batch: a JSONL file of requests decoded together, results to a JSONL file, resumable."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable, Iterator
+
+import typer
+
+from tallow.models.errors import TallowError
+
+from . import options as o
+from .models import find_model
+from .render import err_console
+
+
+def batch(
+    input: Path = typer.Argument(..., help="Requests, one JSON object per line: {\"id\", \"messages\"} or {\"id\", \"prompt\"}, with optional settings.", show_default=False),
+    output: Path = typer.Option(..., "--output", "-o", help="Results, one JSON object per line; appended to, and ids already there are skipped.", show_default=False),
+    model: str = typer.Option("smollm2:135m", "--model", "-m", help="The model (a stored name, a known name, or a .gguf path)."),
+    parallel: o.Parallel = 8,
+    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Default and clamp for each request's max_tokens."),
+    deterministic: o.Deterministic = False,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = "auto",
+    flash_attn: o.FlashAttn = "auto",
+    offline: o.Offline = False,
+) -> None:
+    """Run every request of a JSONL file, many at once; each result line has the id, text,
+    finish reason, usage and timings. A bad line gets an error record and the batch goes on."""
+    from tallow.runtime.batch import BatchStats, count_requests, open_output, previous_results, read_lines, run_batch
+    from tallow.runtime.openai_api import Limits
+    from tallow.runtime.scheduler import Scheduler, SchedulerSettings
+
+    if not input.is_file():
+        raise typer.BadParameter(f"{input} is not a readable file", param_hint="INPUT")
+    if output.exists() and (output.is_dir() or output.resolve() == input.resolve()):
+        raise typer.BadParameter("the output must be a file other than the input", param_hint="--output")
+    try:
+        total = count_requests(input)
+        done_ids, done_lines = previous_results(output)
+        out = open_output(output)
+    except OSError as exc:
+        raise TallowError(f"cannot use {exc.filename}: {exc.strerror}") from exc
+    with out:
+        local = find_model(model, offline)
+        sched = Scheduler.load(local.paths, o.load_settings(ctx, threads, gpu_layers, flash_attn),
+                               SchedulerSettings(parallel=parallel, deterministic=deterministic,
+                                                 max_queue=parallel * 4, max_tokens_cap=max_tokens))
+        try:
+            stats = BatchStats(total=total)
+            with _progress(total) as show:
+                run_batch(sched, read_lines(input), out, Limits(max_tokens=max_tokens, model=local.name),
+                          done_ids, done_lines, stats, show)
+        finally:
+            sched.close()
+    console = err_console()
+    console.print(f"{stats.done} done, {stats.failed} failed, {stats.skipped} already in {output}; "
+                  f"{stats.completion_tokens} tokens at {stats.tokens_per_s:.1f} tok/s")
+    if stats.failed:
+        raise TallowError(f"{stats.failed} request(s) failed; their error records are in {output}",
+                          "fix those lines and remove their records to run them again")
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable]:
+    """Requests done of all, tokens/s and ETA on a terminal; nothing otherwise."""
+    console = err_console()
+    if not console.is_terminal:
+        yield lambda stats: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("batch", total=total, rate="")
+
+        def show(stats) -> None:
+            progress.update(task, completed=stats.done + stats.failed + stats.skipped,
+                            rate=f"{stats.tokens_per_s:.1f} tok/s")
+
+        yield show

@@ -1,0 +1,178 @@
+"""Offline batch inference: a JSONL file of requests through the scheduler, results appended
+line by line to another JSONL file, resumable.
+
+Each input line is a request object as the server takes it ({"id", "messages"} or
+{"id", "prompt"}, with the same optional settings), or an OpenAI Batch API line
+({"custom_id", "body"}). Each output line is written whole and flushed, so a run that is
+killed loses only the requests in flight, and running again skips ids already written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, TextIO
+
+from tallow.models.errors import TallowError
+
+from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request
+from .scheduler import Failure, Scheduler
+from .types import FinalEvent
+
+
+@dataclass
+class BatchStats:
+    total: int = 0  # request lines in the input
+    skipped: int = 0  # already in the output
+    done: int = 0
+    failed: int = 0  # error records written this run
+    completion_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def tokens_per_s(self) -> float:
+        elapsed = time.perf_counter() - self.started
+        return self.completion_tokens / elapsed if elapsed > 0 else 0.0
+
+
+def previous_results(out: Path) -> tuple[set[str], set[int]]:
+    """Ids (and, for id-less error records, line numbers) already in `out`. A last line cut
+    short by a kill is removed, so its request runs again and the file stays valid JSONL."""
+    ids: set[str] = set()
+    lines: set[int] = set()
+    if not out.exists():
+        return ids, lines
+    with open(out, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):
+            f.truncate(end)
+    for raw in data[:end].splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("id") is not None:
+            ids.add(_key(record["id"]))
+        elif isinstance(record.get("line"), int):
+            lines.add(record["line"])
+    return ids, lines
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value)
+
+
+def count_requests(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for raw in f if raw.strip())
+
+
+def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, limits: Limits,
+              done_ids: set[str], done_lines: set[int], stats: BatchStats,
+              on_progress: Callable[[BatchStats], None] = lambda s: None) -> BatchStats:
+    """Run every request of `source` ((line number, text) pairs) not already done, keeping
+    the scheduler's slots full; write a record per request to `out` as each finishes."""
+    engine = sched.engine
+    results: queue.Queue = queue.Queue()
+    in_flight: dict[int, tuple[Any, Any]] = {}  # line number -> (id, handle)
+    window = max(2, len(sched.slots) * 2)  # enough waiting to refill slots, without queueing the file
+    seen: set[str] = set(done_ids)
+
+    def write(record: dict[str, Any]) -> None:
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+
+    def error(lineno: int, rid: Any, message: str) -> None:
+        write({"id": rid, "line": lineno, "error": message})
+        stats.failed += 1
+        on_progress(stats)
+
+    def collect(block: bool) -> None:
+        while in_flight:
+            try:
+                job, event = results.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if isinstance(event, Failure):
+                rid, _ = in_flight.pop(job)
+                error(job, rid, f"line {job}: {event.error.message}")
+            elif isinstance(event, FinalEvent):
+                rid, _ = in_flight.pop(job)
+                record = {"id": rid, "text": event.text, **event.to_dict()}
+                write(record)
+                stats.done += 1
+                stats.completion_tokens += event.usage.completion_tokens
+                on_progress(stats)
+
+    try:
+        for lineno, text in source:
+            if not text.strip():
+                continue
+            rid = None
+            try:
+                body = parse_json(text.encode("utf-8"), "the line")
+                rid, body = _id_and_body(body)
+                if _key(rid) in seen:
+                    if _key(rid) in done_ids:
+                        stats.skipped += 1
+                        on_progress(stats)
+                        continue
+                    raise APIError(f"the id {_key(rid)} appears twice in the input")
+                if body.get("stream"):
+                    raise APIError("'stream' has no meaning in a batch", param="stream")
+                parsed = parse_chat(body, limits) if "messages" in body else parse_completion(body, limits)
+                request = to_request(engine, parsed)
+            except TallowError as exc:
+                if rid is None and lineno in done_lines:
+                    stats.skipped += 1
+                    on_progress(stats)
+                else:
+                    error(lineno, rid, f"line {lineno}: {exc.message}")
+                continue
+            seen.add(_key(rid))
+            while len(in_flight) >= window:
+                collect(block=True)
+            try:
+                handle = sched.submit(request, on_event=lambda ev, j=lineno: results.put((j, ev)))
+            except TallowError as exc:
+                error(lineno, rid, f"line {lineno}: {exc.message}")
+                continue
+            in_flight[lineno] = (rid, handle)
+            collect(block=False)
+        while in_flight:
+            collect(block=True)
+    finally:
+        for _, handle in in_flight.values():  # interrupted: nothing half-done is written
+            handle.cancel()
+    return stats
+
+
+def _id_and_body(line: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    if "custom_id" in line and isinstance(line.get("body"), dict):  # OpenAI's Batch API format
+        rid, body = line["custom_id"], line["body"]
+    else:
+        rid, body = line.get("id"), {k: v for k, v in line.items() if k != "id"}
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise APIError("each line needs an 'id' (a string or an integer)", param="id")
+    return rid, body
+
+
+def read_lines(path: Path) -> Iterable[tuple[int, str]]:
+    """(line number, text) of a file read as UTF-8 (bad bytes become U+FFFD, then fail to parse)."""
+    with open(path, "r", encoding="utf-8", errors="replace", newline="\n") as f:
+        for n, line in enumerate(f, 1):
+            yield n, line
+
+
+def open_output(path: Path) -> TextIO:
+    """The output, opened to append (the previous run's records stay)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    return os.fdopen(fd, "w", encoding="utf-8", newline="\n")
