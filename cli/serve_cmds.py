@@ -53,7 +53,7 @@ def serve(
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         err_console().print(f"serving {local.name} on http://{shown}:{bound[1]} ({parallel} parallel, "
-                          f"context {sched.n_ctx}{', deterministic' if deterministic else ''})")
+                          f"context {sched.n_ctx}{', deterministic' if deterministic else ''})", soft_wrap=True)
         _run_uvicorn(app, sock)
     finally:
         sched.close()

@@ -77,7 +77,7 @@ class Parsed:
     """A checked request: what the engine needs, plus how to shape the answer."""
 
     messages: list[dict[str, Any]] | None  # chat
-    prompt: str | None  # text completion
+    prompt: str | list[int] | None  # text completion: text, or token ids
     max_tokens: int
     stop: tuple[str, ...]
     sampling: Sampling
@@ -86,9 +86,11 @@ class Parsed:
     logprobs: int | None
     json_format: bool
     schema: dict[str, Any] | None
+    ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
 
     def request_kwargs(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs}
+        return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
+                "ignore_eos": self.ignore_eos}
 
 
 def _common(body: dict, limits: Limits) -> dict[str, Any]:
@@ -133,7 +135,8 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     include_usage = bool(options and options.get("include_usage") is True)
     json_format, schema = _response_format(body.get("response_format"))
     return {"max_tokens": max_tokens, "stop": stops, "sampling": sampling, "stream": stream,
-            "include_usage": include_usage, "json_format": json_format, "schema": schema}
+            "include_usage": include_usage, "json_format": json_format, "schema": schema,
+            "ignore_eos": _flag(body, "ignore_eos")}
 
 
 def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
@@ -191,10 +194,11 @@ def parse_chat(body: dict, limits: Limits) -> Parsed:
 
 def parse_completion(body: dict, limits: Limits) -> Parsed:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise APIError("'prompt' must be a non-empty string", param="prompt")
+    tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or tokens) or not prompt:
+        raise APIError("'prompt' must be a non-empty string, or a list of token ids", param="prompt")
     if _flag(body, "echo"):
         raise APIError("'echo' is not supported", param="echo")
     if body.get("suffix") is not None:
@@ -211,7 +215,13 @@ def to_request(engine, parsed: Parsed) -> Request:
     grammar = grammar_for(parsed.json_format, parsed.schema)
     if parsed.messages is not None:
         return engine.request(parsed.messages, grammar=grammar, **parsed.request_kwargs())
-    tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
+    if isinstance(parsed.prompt, list):
+        vocab = engine.model.n_vocab
+        if not all(0 <= t < vocab for t in parsed.prompt):
+            raise APIError(f"'prompt' has a token id outside the vocabulary (0 to {vocab - 1})", param="prompt")
+        tokens = list(parsed.prompt)
+    else:
+        tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
     return Request(tokens, grammar=grammar, **parsed.request_kwargs())
 
 
