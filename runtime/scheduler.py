@@ -240,7 +240,9 @@ class Scheduler:
             if not free:
                 return
             prompt = job.request.prompt_tokens
-            slot = max(free, key=lambda s: (_common_prefix(s.kv, prompt), -s.last_used))
+            # The longest cached prefix; else the lowest free slot, so that busy sequences stay
+            # consecutive (deterministic mode decodes a run of them in one micro-batch).
+            slot = max(free, key=lambda s: (_common_prefix(s.kv, prompt), -s.seq))
             if not self.settings.deterministic and not self._make_room(job, slot, free):
                 return
             self._waiting.popleft()
@@ -301,11 +303,13 @@ class Scheduler:
         det = self.settings.deterministic
         decode: list[tuple[int, int, int, bool]] = []
         wants: list[tuple[int, _Job]] = []
-        for job in self._active:
-            if job.next_token is None:
-                continue
+        decoding = sorted((j for j in self._active if j.next_token is not None), key=lambda j: j.slot.seq)
+        seqs = {j.slot.seq for j in decoding}
+        for job in decoding:
             slot = job.slot
-            if det:  # every sequence brings two tokens: see _pair
+            # With a KV stream per sequence, llama.cpp splits a batch into runs of consecutive
+            # sequence ids; a sequence alone in its run brings two tokens (see _pair).
+            if det and slot.seq - 1 not in seqs and slot.seq + 1 not in seqs:
                 self._pair(slot, decode)
             wants.append((len(decode), job))
             decode.append((job.next_token, len(slot.kv), slot.seq, True))
