@@ -25,13 +25,13 @@ def test_results_and_error_records_by_line(synth_model, tmp_path):
     msg = lambda text: [{"role": "user", "content": text}]  # noqa: E731
     src = write_jsonl(tmp_path / "in.jsonl", [
         {"id": "chat", "messages": msg("hello"), "max_tokens": 7, "temperature": 0},
-        {"id": 2, "prompt": "Once upon a time", "max_tokens": 5, "stop": ["zzzz"]},
+        {"id": 2, "prompt": "Once upon a time", "max_tokens": 5, "stop": ["zzzz"], "ignore_eos": True},
         "this is not json",
         {"id": "neg", "messages": msg("x"), "max_tokens": -3},
         {"messages": msg("no id")},
         "",
         {"custom_id": "openai-style", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": msg("hey"), "max_tokens": 4}},
+         "body": {"messages": msg("hey"), "max_tokens": 4, "ignore_eos": True}},
         {"id": "chat", "prompt": "duplicate"},
         {"id": "schema", "messages": msg("shape"), "max_tokens": 100, "seed": 1,
          "response_format": {"type": "json_schema", "json_schema": {"schema": {
