@@ -117,7 +117,6 @@ class Model:
         self.eos = C.llama_vocab_eos(self.vocab)
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
-        self._piece_buf = ctypes.create_string_buffer(256)
 
     def chat_template(self) -> str | None:
         raw = C.llama_model_chat_template(self.ptr, None)
@@ -141,7 +140,7 @@ class Model:
         cached = self._pieces.get(token)
         if cached is not None:
             return cached
-        buf = self._piece_buf
+        buf = ctypes.create_string_buffer(256)  # per call: the server asks from two threads
         n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
