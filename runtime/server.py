@@ -122,13 +122,18 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
             return StreamingResponse(_sse(handle, events, shaper, parsed.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
+            checked = time.monotonic()
             while True:
                 try:
                     ev = await asyncio.wait_for(events.get(), 0.5)
                 except asyncio.TimeoutError:
+                    ev = None
+                if time.monotonic() - checked >= 0.5:  # tokens keep coming: look at the clock, not for a lull
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         handle.cancel()
                         return Response(status_code=499)
+                if ev is None:
                     continue
                 if isinstance(ev, Failure):
                     raise ev.error

@@ -282,3 +282,27 @@ def test_time_limit_finish_reason(synth_model, tmp_path):
         assert r.choices[0].finish_reason == "time_limit" and 0 < r.usage.completion_tokens < 65000
     finally:
         s.close()
+
+
+def test_disconnect_cancels_a_whole_answer_too(synth_model, tmp_path):
+    import http.client
+
+    s = Server(synth_model, tmp_path, "--parallel", "1", "--ctx", "65536", "--max-tokens", "65000")
+    try:
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "go", "max_tokens": 65000, "ignore_eos": True}),
+                     {"Content-Type": "application/json"})
+        deadline = time.monotonic() + 60
+        while s.health()["slots_busy"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        conn.close()  # gone before the answer: nobody will read it
+        while s.health()["slots_busy"] != 0:
+            assert time.monotonic() < deadline, "the abandoned request kept its slot"
+            time.sleep(0.05)
+        metrics = s.raw("/metrics")[2]
+        assert 'tallow_requests_total{finish_reason="cancelled"} 1' in metrics
+        assert "tallow_completion_tokens_total" in metrics
+    finally:
+        s.close()
