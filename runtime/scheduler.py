@@ -42,19 +42,21 @@ class QueueFull(TallowError):
 class SchedulerSettings:
     parallel: int = 4  # sequences decoded together
     deterministic: bool = False  # answers independent of the other requests in the batch
+    kv_unified: bool = False  # one KV buffer for all (a request may use all of it); else a stream each
     max_queue: int = 64  # requests that may wait for a slot; more are refused
     max_tokens_cap: int | None = None  # clamp on a request's max_tokens (None: the sequence's room)
     time_limit_s: float | None = None  # per request, from submission; finish_reason "time_limit"
 
 
 def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:
-    """The context a scheduler needs: a sequence per slot, and for deterministic mode a KV
-    stream per sequence and flash attention (which skips other sequences' cells exactly)."""
+    """The context a scheduler needs: a sequence per slot, each with a KV stream of its own
+    (measured faster than one shared buffer at every N >= 2 here), or one unified buffer;
+    deterministic mode adds flash attention (which skips other sequences' cells exactly)."""
     if sched.parallel < 1:
         raise ValueError("parallel must be at least 1")
     if sched.deterministic:
         return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on")
-    return replace(load, n_seq_max=sched.parallel, kv_unified=True)
+    return replace(load, n_seq_max=sched.parallel, kv_unified=sched.kv_unified)
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class Scheduler:
         self.n_ctx = ctx.n_ctx
         self.n_batch = ctx.n_batch
         # A unified KV buffer lets one sequence use all of it; separate streams split it evenly.
-        self.capacity = self.n_ctx if not settings.deterministic else self.n_ctx // settings.parallel
+        self.unified = settings.kv_unified and not settings.deterministic
+        self.capacity = self.n_ctx if self.unified else self.n_ctx // settings.parallel
         self.slots = [_Slot(i) for i in range(settings.parallel)]
         self._waiting: deque[_Job] = deque()
         self._active: list[_Job] = []  # admitted, in admission order
@@ -243,7 +246,7 @@ class Scheduler:
             # The longest cached prefix; else the lowest free slot, so that busy sequences stay
             # consecutive (deterministic mode decodes a run of them in one micro-batch).
             slot = max(free, key=lambda s: (_common_prefix(s.kv, prompt), -s.seq))
-            if not self.settings.deterministic and not self._make_room(job, slot, free):
+            if self.unified and not self._make_room(job, slot, free):
                 return
             self._waiting.popleft()
             self._start(job, slot)

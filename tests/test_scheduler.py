@@ -79,8 +79,9 @@ def test_default_mode_batches_differ_in_the_last_bits(synth_model):
 
 
 def test_kv_cache_full_makes_requests_wait_never_truncates(synth_model):
-    # 4 slots but room for about two requests at a time: all finish with every token asked for.
-    s = scheduler(synth_model, parallel=4, n_ctx=512)
+    # One shared KV buffer, 4 slots but room for about two requests at a time: all finish
+    # with every token asked for.
+    s = scheduler(synth_model, parallel=4, n_ctx=512, kv_unified=True)
     try:
         reqs = requests(s, 6, max_tokens=200)
         results = [stream_of(h) for h in [s.submit(r) for r in reqs]]
@@ -179,5 +180,19 @@ def test_time_limit_finishes_with_its_own_reason(synth_model):
             pass
         assert final.finish_reason == "time_limit"
         assert 0 < final.usage.completion_tokens < 1000
+    finally:
+        s.close()
+
+
+def test_separate_streams_give_each_sequence_its_share(synth_model):
+    s = scheduler(synth_model, parallel=4, n_ctx=1024)  # 256 cells per sequence
+    try:
+        req = requests(s, 1, max_tokens=None)[0]
+        final = s.submit(req).result()
+        assert final.finish_reason == "length"
+        # every cell used; the last token sampled is never evaluated, so it needs none
+        assert final.usage.prompt_tokens + final.usage.completion_tokens == 256 + 1
+        with pytest.raises(ContextOverflow, match="a sequence holds 256"):
+            s.submit(Request([1] * 300, 4))
     finally:
         s.close()

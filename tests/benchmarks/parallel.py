@@ -112,13 +112,14 @@ def over_http(url: str, token_prompts: list[list[int]]) -> dict:
     return summarize(n, [t[0] for t in times], [t[-1] for t in times], [t[0] - t0 for t in times], gaps)
 
 
-def measure(model: Path, n: int, deterministic: bool, reps: int) -> tuple[dict, list[list[list[int]]]]:
+def measure(model: Path, n: int, mode: str, reps: int) -> tuple[dict, list[list[list[int]]]]:
     """The best of `reps` rounds of n requests (after one warm-up round), in this process."""
     from tallow.runtime.scheduler import Scheduler, SchedulerSettings
     from tallow.runtime.types import LoadSettings
 
     load = LoadSettings(n_ctx=n * (N_PROMPT + N_GEN + 16), n_threads=THREADS)
-    sched = Scheduler.load([model], load, SchedulerSettings(parallel=n, deterministic=deterministic))
+    sched = Scheduler.load([model], load, SchedulerSettings(parallel=n, deterministic=mode == "deterministic",
+                                                            kv_unified=mode == "unified"))
     words = "the river runs past a hill where seven old trees stand under grey clouds and".split()
     best, rounds = None, []
     try:
@@ -152,16 +153,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-http", action="store_true")
     ap.add_argument("--deterministic", action="store_true", help="also measure --deterministic, side by side")
+    ap.add_argument("--unified", action="store_true", help="also measure one unified KV buffer, side by side")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model = args.model or default_model()
     if args.child:
         n, mode = args.child.split(":")
-        best, rounds = measure(model, int(n), mode == "deterministic", args.reps)
+        best, rounds = measure(model, int(n), mode, args.reps)
         print(json.dumps({**best, "rounds": rounds if int(n) == 8 else []}))
         return
     ns = [int(x) for x in args.ns.split(",")]
-    modes = ["default", "deterministic"] if args.deterministic else ["default"]
+    modes = ["default"] + ["unified"] * args.unified + ["deterministic"] * args.deterministic
     results: dict[tuple[int, str], dict] = {}
     for n in ns:
         for mode in modes:  # alternating, so that drift on a shared machine hits both
