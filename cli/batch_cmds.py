@@ -22,6 +22,7 @@ def batch(
     parallel: o.Parallel = 8,
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Default and clamp for each request's max_tokens."),
     deterministic: o.Deterministic = False,
+    kv_unified: o.KvUnified = False,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
@@ -47,7 +48,7 @@ def batch(
     with out:
         local = find_model(model, offline)
         sched = Scheduler.load(local.paths, o.load_settings(ctx, threads, gpu_layers, flash_attn),
-                               SchedulerSettings(parallel=parallel, deterministic=deterministic,
+                               SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
                                                  max_queue=parallel * 4, max_tokens_cap=max_tokens))
         try:
             stats = BatchStats(total=total)

@@ -27,6 +27,7 @@ def serve(
     timeout: float = typer.Option(600.0, "--timeout", min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
     max_body: int = typer.Option(4 * 1024 * 1024, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
     deterministic: o.Deterministic = False,
+    kv_unified: o.KvUnified = False,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
@@ -45,15 +46,16 @@ def serve(
     sock = _listen(host, port)  # before loading: a taken port fails fast
     local = find_model(model, offline)
     sched = Scheduler.load(local.paths, o.load_settings(ctx, threads, gpu_layers, flash_attn),
-                           SchedulerSettings(parallel=parallel, deterministic=deterministic, max_queue=max_queue,
-                                             max_tokens_cap=max_tokens, time_limit_s=timeout))
+                           SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
+                                             max_queue=max_queue, max_tokens_cap=max_tokens, time_limit_s=timeout))
     try:
         app = create_app(sched, ServerConfig(model=local.name, host=host, api_key=key, cors=tuple(cors or ()),
                                              max_body=max_body, max_tokens=max_tokens))
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         err_console().print(f"serving {local.name} on http://{shown}:{bound[1]} ({parallel} parallel, "
-                          f"context {sched.n_ctx}{', deterministic' if deterministic else ''})", soft_wrap=True)
+                          f"context {sched.n_ctx}" + (" shared" if sched.unified else f", {sched.capacity} per request")
+                          + (", deterministic" if deterministic else "") + ")", soft_wrap=True)
         _run_uvicorn(app, sock)
     finally:
         sched.close()

@@ -229,8 +229,9 @@ def test_metrics_are_prometheus_text(server):
 
 
 def test_api_key_required_and_refused(synth_model, tmp_path):
-    s = Server(synth_model, tmp_path, "--api-key", "s3cret", "--cors", "http://app.example")
+    s = Server(synth_model, tmp_path, "--api-key", "s3cret", "--cors", "http://app.example", "--kv-unified")
     try:
+        assert "context 4096 shared" in s.log[-1]  # the default context: 1024 per slot, 4 slots
         with pytest.raises(openai.AuthenticationError):
             chat(s.client("wrong"), "hi", max_tokens=2)
         assert s.raw("/v1/models")[2]["error"]["code"] == "invalid_api_key"  # no key at all
