@@ -56,12 +56,40 @@ def _register() -> None:
                 ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
+    app.command(name="completions")(guarded(completions))
     app.add_typer(logs_app, name="logs")
     app.add_typer(cache_app, name="cache")
+
+
+
+def completions(shell: str = typer.Argument(..., help="bash, zsh or fish.", show_default=False)) -> None:
+    """Print the shell completion script for bash, zsh or fish.
+
+    \b
+    Examples:
+      tallow completions bash > ~/.local/share/bash-completion/completions/tallow
+      tallow completions zsh > "${fpath[1]}/_tallow"
+      tallow completions fish > ~/.config/fish/completions/tallow.fish
+    """
+    from .completion import FILES, script
+
+    if shell not in FILES:
+        raise typer.BadParameter("use bash, zsh or fish", param_hint="SHELL")
+    typer.echo(script(shell), nl=False)
 
 
 _register()
 
 
 def main() -> None:
+    import os
+    import sys
+
+    from .completion import COMPLETE_VAR
+
+    instruction = os.environ.get(COMPLETE_VAR)
+    if instruction:  # a completion script asking: answer, run nothing
+        from .completion import complete
+
+        sys.exit(complete(instruction))
     app(prog_name="tallow")

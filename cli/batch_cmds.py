@@ -18,7 +18,7 @@ from .render import err_console
 def batch(
     input: Path = typer.Argument(..., help="Requests, one JSON object per line: {\"id\", \"messages\"} or {\"id\", \"prompt\"}, with optional settings.", show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Results, one JSON object per line; appended to, and ids already there are skipped.", show_default=False),
-    model: str = typer.Option("smollm2:135m", "--model", "-m", help="The model (a stored name, a known name, or a .gguf path)."),
+    model: str = typer.Option("smollm2:135m", "--model", "-m", help="The model (a stored name, a known name, or a .gguf path).", autocompletion=o.complete_model),
     parallel: o.Parallel = 8,
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Default and clamp for each request's max_tokens."),
     deterministic: o.Deterministic = False,

@@ -33,7 +33,7 @@ def _ints(value: str, flag: str, minimum: int = 0) -> list[int]:
 
 
 def bench(
-    models: list[str] = typer.Argument(..., help="Models to measure.", show_default=False),
+    models: list[str] = typer.Argument(..., help="Models to measure.", show_default=False, autocompletion=o.complete_model),
     n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="Prompt lengths for pp tests (0: none)."),
     n_gen: str = typer.Option("128", "-n", "--n-gen", help="Generation lengths for tg tests (0: none)."),
     pg: Optional[list[str]] = typer.Option(None, "-pg", help="pp+tg tests: PROMPT,GEN (repeatable).", show_default=False),

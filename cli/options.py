@@ -6,7 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-Model = Annotated[str, typer.Argument(help="A stored model name, a known name such as smollm2:135m, or a path to a .gguf file.", show_default=False)]
+def complete_model(incomplete: str) -> list[str]:
+    from .completion import model_names
+
+    return model_names(incomplete)
+
+
+Model = Annotated[str, typer.Argument(help="A stored model name, a known name such as smollm2:135m, or a path to a .gguf file.", show_default=False, autocompletion=complete_model)]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens [default: TALLOW_CONTEXT_LENGTH, capped at the model's trained length].", show_default=False)]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads [default: physical cores].", show_default=False)]
 GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to a GPU: auto (all when the build can offload, else 0), all, or N.")]

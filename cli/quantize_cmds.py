@@ -13,6 +13,12 @@ from .models import find_model, store
 from .render import err_console, human_bytes
 
 
+def _complete_type(incomplete: str) -> list[str]:
+    from .completion import quant_types
+
+    return quant_types(incomplete)
+
+
 def _default_name(source_name: str, type_name: str) -> str:
     repo, _, tag = source_name.partition(":")
     if source_name.endswith(".gguf") or "/" in source_name and Path(source_name).exists():
@@ -23,8 +29,8 @@ def _default_name(source_name: str, type_name: str) -> str:
 
 
 def quantize(
-    model: Optional[str] = typer.Argument(None, help="The source: a stored model or a .gguf file (F32, F16 or BF16).", show_default=False),
-    type_: Optional[str] = typer.Option(None, "--type", help="The quantization type (see --list).", show_default=False),
+    model: Optional[str] = typer.Argument(None, help="The source: a stored model or a .gguf file (F32, F16 or BF16).", show_default=False, autocompletion=o.complete_model),
+    type_: Optional[str] = typer.Option(None, "--type", help="The quantization type (see --list).", show_default=False, autocompletion=_complete_type),
     name: Optional[str] = typer.Option(None, "--name", help="The new model's name [default: the source's, with the type].", show_default=False),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", help="An importance matrix file (tallow imatrix).", show_default=False),
     allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Allow an already quantized source (costs quality)."),
@@ -90,7 +96,7 @@ def _with_progress(work, label: str):
 
 
 def eval_models(
-    models: list[str] = typer.Argument(..., help="One model, or several to compare (the first is the base).", show_default=False),
+    models: list[str] = typer.Argument(..., help="One model, or several to compare (the first is the base).", show_default=False, autocompletion=o.complete_model),
     text: Optional[Path] = typer.Option(None, "--text", help="The evaluation text [default: the text that ships with tallow].", show_default=False),
     ctx: int = typer.Option(512, "--ctx", min=16, help="Window size in tokens (each window's second half is scored)."),
     chunks: Optional[int] = typer.Option(None, "--chunks", min=1, help="Score at most this many windows.", show_default=False),
@@ -159,7 +165,7 @@ def _print_results(results, as_json: bool, table: bool) -> None:
 
 
 def imatrix(
-    model: str = typer.Argument(..., help="The model to measure (usually the F16 source you will quantize).", show_default=False),
+    model: str = typer.Argument(..., help="The model to measure (usually the F16 source you will quantize).", show_default=False, autocompletion=o.complete_model),
     text: Optional[Path] = typer.Option(None, "--text", help="Calibration text [default: the text that ships with tallow].", show_default=False),
     output: Path = typer.Option(Path("imatrix.gguf"), "--output", "-o", help="Where to write the importance matrix."),
     ctx: int = typer.Option(512, "--ctx", min=16, help="Window size in tokens."),

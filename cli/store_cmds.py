@@ -27,7 +27,7 @@ def _print_json(data) -> None:
 
 
 def pull(
-    ref: str = typer.Argument(..., help="ORG/REPO[:QUANT], hf.co/ORG/REPO[:QUANT], ORG/REPO/FILE.gguf, or a short name.", show_default=False),
+    ref: str = typer.Argument(..., help="ORG/REPO[:QUANT], hf.co/ORG/REPO[:QUANT], ORG/REPO/FILE.gguf, or a short name.", show_default=False, autocompletion=o.complete_model),
     force: bool = typer.Option(False, "--force", help="Download even if the model cannot fit in memory."),
     offline: o.Offline = False,
 ) -> None:
@@ -147,7 +147,7 @@ def _render_show(d: dict) -> None:
 
 
 def rm(
-    models: list[str] = typer.Argument(..., help="Stored model names.", show_default=False),
+    models: list[str] = typer.Argument(..., help="Stored model names.", show_default=False, autocompletion=o.complete_model),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed and freed; remove nothing."),
 ) -> None:
     """Remove models; blobs no other model uses are deleted (linked files never are).
