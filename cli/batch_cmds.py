@@ -29,8 +29,13 @@ def batch(
     flash_attn: o.FlashAttn = "auto",
     offline: o.Offline = False,
 ) -> None:
-    """Run every request of a JSONL file, many at once; each result line has the id, text,
-    finish reason, usage and timings. A bad line gets an error record and the batch goes on."""
+    """Run every request of a JSONL file, many at once.
+
+    Each result line has the id, text, finish reason, usage and timings; a bad line gets an
+    error record and the batch goes on. Running again skips ids already in the output.
+
+    Example: tallow batch questions.jsonl -o answers.jsonl --parallel 8
+    """
     from tallow.runtime.batch import BatchStats, count_requests, open_output, previous_results, read_lines, run_batch
     from tallow.runtime.openai_api import Limits
     from tallow.runtime.scheduler import Scheduler, SchedulerSettings

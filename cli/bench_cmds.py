@@ -48,14 +48,20 @@ def bench(
     parallel: Optional[str] = typer.Option(None, "--parallel", help="Also decode N sequences at once (aggregate tok/s), for each N.", show_default=False),
     slo: Optional[str] = typer.Option(None, "--slo", help="interactive or server: the most parallel sequences that still meet MLPerf's TTFT and per-token targets.", show_default=False),
     output: str = typer.Option("table", "-o", "--output", help="table, json, jsonl, csv or md."),
+    as_json: bool = typer.Option(False, "--json", help="Same as -o json."),
     save: Optional[Path] = typer.Option(None, "--save", help="Also write the results (JSON) to FILE.", show_default=False),
     compare: Optional[Path] = typer.Option(None, "--compare", help="Show the change against results saved with --save.", show_default=False),
     offline: o.Offline = False,
 ) -> None:
-    """Measure prefill and decode speed like llama-bench, and how close decode gets to the memory bandwidth limit.
+    """Measure prefill and decode speed, like llama-bench.
+
+    Also how close decode gets to the memory bandwidth limit, peak memory, and with
+    --parallel the aggregate speed of several sequences at once.
 
     Example: tallow bench smollm2:135m -p 512 -n 128 -t 1,2 -o md
     """
+    if as_json:
+        output = "json"
     if output not in FORMATS:
         raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--output")
     o.parse_flash_attn(flash_attn)

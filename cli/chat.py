@@ -53,7 +53,9 @@ def chat(
     no_cache: o.NoCache = False,
     offline: o.Offline = False,
 ) -> None:
-    """Chat with a model; each turn reuses the cache of everything said before.
+    """Chat with a model, reusing the cache turn after turn.
+
+    Each turn evaluates only what is new: the KV cache holds everything said before.
 
     Example: tallow chat smollm2:135m --system "Answer briefly."
     """

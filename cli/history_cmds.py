@@ -46,7 +46,9 @@ def logs(
     conversation: Optional[str] = typer.Option(None, "--conversation", "--cid", help="Only this conversation.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
 ) -> None:
-    """Show logged runs and chat turns (subcommands: path, on, off).
+    """Show logged runs and chat turns.
+
+    Subcommands: path, on, off.
 
     Example: tallow logs -n 5 -q "sky"
     """

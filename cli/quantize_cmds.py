@@ -43,7 +43,9 @@ def quantize(
     report: bool = typer.Option(False, "--report", help="Then measure the result against the source (the trade-off table)."),
     offline: o.Offline = False,
 ) -> None:
-    """Quantize a model into a new stored model (in a child process; nothing is kept on failure).
+    """Quantize a model into a new stored model.
+
+    It runs in a child process; nothing is kept on failure.
 
     Example: tallow quantize ./model-f16.gguf --type Q4_K_M --name mymodel:q4
     """
@@ -106,7 +108,9 @@ def eval_models(
     as_json: o.Json = False,
     offline: o.Offline = False,
 ) -> None:
-    """Measure perplexity (and KL divergence from a base model) on a text.
+    """Measure perplexity and KL divergence on a text.
+
+    With several models, the first is the base the others' KL divergence is measured from.
 
     Example: tallow eval smollm2:135m-f16 smollm2:135m-Q8_0 smollm2:135m-Q4_K_M
     """
@@ -173,7 +177,10 @@ def imatrix(
     threads: o.Threads = None,
     offline: o.Offline = False,
 ) -> None:
-    """Compute an importance matrix from calibration text, for quantize --imatrix.
+    """Compute an importance matrix for quantize --imatrix.
+
+    From calibration text: the activations each weight meets, so quantization keeps the
+    weights that matter most.
 
     Example: tallow imatrix ./model-f16.gguf --text calibration.txt -o model.imatrix.gguf
     """

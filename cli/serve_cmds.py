@@ -34,8 +34,13 @@ def serve(
     flash_attn: o.FlashAttn = "auto",
     offline: o.Offline = False,
 ) -> None:
-    """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions,
-    /v1/models, plus /health and /metrics (Prometheus)."""
+    """Serve a model over HTTP with OpenAI's API.
+
+    POST /v1/chat/completions and /v1/completions (streamed or whole), GET /v1/models,
+    /health and /metrics (Prometheus), decoding up to --parallel requests together.
+
+    Example: tallow serve smollm2:135m --port 8080 --parallel 4
+    """
     from tallow.runtime.scheduler import Scheduler, SchedulerSettings
     from tallow.runtime.server import ServerConfig, create_app, is_loopback
 

@@ -31,7 +31,9 @@ def pull(
     force: bool = typer.Option(False, "--force", help="Download even if the model cannot fit in memory."),
     offline: o.Offline = False,
 ) -> None:
-    """Download a model into the store (resumable; verified against the source's sha256).
+    """Download a model into the store.
+
+    Resumable, and verified against the source's sha256.
 
     Example: tallow pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
     """
@@ -150,7 +152,9 @@ def rm(
     models: list[str] = typer.Argument(..., help="Stored model names.", show_default=False, autocompletion=o.complete_model),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed and freed; remove nothing."),
 ) -> None:
-    """Remove models; blobs no other model uses are deleted (linked files never are).
+    """Remove models from the store.
+
+    Blobs no other model uses are deleted; linked files never are.
 
     Example: tallow rm smollm2:135m --dry-run
     """
@@ -177,7 +181,9 @@ def import_model(
     name: Optional[str] = typer.Option(None, "--name", help="The name to store it under [default: from the file name].", show_default=False),
     link: bool = typer.Option(False, "--link", help="Use the file in place instead of copying it into the store."),
 ) -> None:
-    """Register a local GGUF file in the store, copied or linked in place.
+    """Register a local GGUF file in the store.
+
+    The file is copied into the store, or with --link used in place.
 
     Example: tallow import ~/models/phi-3-mini-q4.gguf --name phi3:mini --link
     """

@@ -46,3 +46,15 @@ def check_digest(text: str) -> str:
     if not isinstance(text, str) or not _DIGEST_RE.match(text):
         raise InvalidName(f"invalid digest {text!r}", "a digest is 'sha256-' and 64 lower-case hex digits")
     return text
+
+
+def near_names(text: str, names: list[str]) -> list[str]:
+    """Names the user may have meant: the same family ('qwen' -> qwen2.5:0.5b), then close
+    spellings ('smolm2:135m' -> smollm2:135m); in order, without repeats."""
+    import difflib
+
+    typed = text.lower()
+    family = typed.split(":")[0]
+    same_family = [n for n in names if family and n.lower().split(":")[0].startswith(family)]
+    close = difflib.get_close_matches(typed, names, n=3, cutoff=0.75)
+    return list(dict.fromkeys([*same_family, *close]))

@@ -10,6 +10,7 @@ from .download import ProgressFn, no_progress
 from .errors import IntegrityError, ModelNotFound
 from .gguf_file import check_gguf
 from .pull import PullOptions, pull
+from .names import near_names
 from .refs import HubRef, NameRef, PathRef, parse_ref
 from .store import Store
 
@@ -40,9 +41,19 @@ def locate(text: str, store: Store) -> LocalModel | HubRef | PackagedModel:
     if manifest is not None:
         return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
     if isinstance(ref, NameRef):
+        stored = stored_names(store)
+        near = near_names(text, [*stored, *CATALOG])
+        if near:
+            pullable = [n for n in near if n not in stored]
+            raise ModelNotFound(f"model {text!r} not found; did you mean {' or '.join(near[:3])}?",
+                                f"Try: tallow pull {pullable[0]}" if pullable else f"Try: tallow run {near[0]}")
         raise ModelNotFound(f"model {text!r} not found",
                             f"pull it first (tallow pull ORG/REPO:QUANT), or try one of: {', '.join(sorted(CATALOG))}")
     return ref
+
+
+def stored_names(store: Store) -> list[str]:
+    return [m.name for m, _ in store.all()[0]]
 
 
 def find_or_pull(text: str, store: Store, opts: PullOptions, on_progress: ProgressFn = no_progress) -> LocalModel:

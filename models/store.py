@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IntegrityError, InvalidName, ModelNotFound, TallowError
-from .names import ModelName, check_digest, parse_name
+from .names import ModelName, check_digest, parse_name, near_names
 
 MANIFEST_SCHEMA = 1
 _CHUNK = 1 << 20
@@ -187,7 +187,9 @@ class Store:
         for name in names:
             key = str(parse_name(name))
             if key not in by_name:
-                raise ModelNotFound(f"model {name!r} is not stored", "see what is: tallow list")
+                near = near_names(name, [m.name for m, _ in self.all()[0]])
+                raise ModelNotFound(f"model {name!r} is not stored" + (f"; did you mean {' or '.join(near[:3])}?" if near else ""),
+                                    "see what is: tallow list")
             chosen.append(key)
         kept = {f.digest for m, _ in everything if m.name not in chosen for f in m.files if not f.linked}
         blobs: dict[Path, int] = {}
