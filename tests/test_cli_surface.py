@@ -13,19 +13,9 @@ from test_chat_pty import Terminal
 
 
 def all_commands() -> list[list[str]]:
-    import typer.main
+    from tallow.cli.reference import commands
 
-    from tallow.cli.app import app
-
-    out = []
-
-    def walk(cmd, path):
-        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
-            out.append(path + [name])
-            walk(sub, path + [name])
-
-    walk(typer.main.get_command(app), [])
-    return out
+    return [path for path in commands() if path]
 
 
 def test_every_command_has_a_one_line_summary_and_an_example(tmp_path):

@@ -17,3 +17,11 @@ def test_readme_starts_with_install_and_test_commands_and_ci_runs_the_second():
     assert f"TEST_COMMAND='{tests}'" in ci
     # the two commands come before any other section
     assert readme.index(tests) < readme.index("\n## ")
+
+
+def test_command_reference_is_current():
+    from tallow.cli.reference import render, section
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert section(readme), "the README has lost its reference markers"
+    assert section(readme) == render(), "regenerate with: python -m tallow.cli.reference README.md"
