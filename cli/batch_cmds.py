@@ -12,7 +12,7 @@ from tallow.models.errors import TallowError
 
 from . import options as o
 from .models import find_model
-from .render import err_console
+from .render import animated, err_console
 
 
 def batch(
@@ -74,7 +74,7 @@ def batch(
 def _progress(total: int) -> Iterator[Callable]:
     """Requests done of all, tokens/s and ETA on a terminal; nothing otherwise."""
     console = err_console()
-    if not console.is_terminal:
+    if not animated(console):
         yield lambda stats: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

@@ -16,7 +16,7 @@ import typer
 from . import options as o
 from . import settings
 from .models import find_model
-from .render import err_console, human_bytes, human_count
+from .render import animated, err_console, human_bytes, human_count
 
 FORMATS = ("table", "json", "jsonl", "csv", "md")
 KEY = ("model_filename", "test", "n_threads", "n_batch", "n_gpu_layers", "type_k", "type_v", "flash_attn")
@@ -188,7 +188,7 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
             load = replace(o.load_settings(n_ctx, n_threads, str(ngl), flash_attn), n_batch=n_batch, type_k=ctk, type_v=ctv)
             with Engine(model.paths, load) as engine:
                 for test in tests:
-                    status = err.status(f"{test.name}  t={n_threads} b={n_batch}") if err.is_terminal else None
+                    status = err.status(f"{test.name}  t={n_threads} b={n_batch}") if animated(err) else None
                     if status:
                         status.start()
                     try:

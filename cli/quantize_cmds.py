@@ -10,7 +10,7 @@ import typer
 
 from . import options as o
 from .models import find_model, store
-from .render import err_console, human_bytes
+from .render import animated, err_console, human_bytes
 
 
 def _complete_type(incomplete: str) -> list[str]:
@@ -83,7 +83,7 @@ def quantize(
 
 def _with_progress(work, label: str):
     console = err_console()
-    if not console.is_terminal:
+    if not animated(console):
         return work(None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -129,7 +129,7 @@ def eval_models(
 
 def _with_eval_progress(work):
     console = err_console()
-    if not console.is_terminal:
+    if not animated(console):
         return work(None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 

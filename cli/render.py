@@ -29,6 +29,12 @@ def out_console() -> Console:
                    **({"color_system": None} if _plain() else {}))
 
 
+def animated(console: Console) -> bool:
+    """Progress bars and spinners only on a terminal that allows them (not under NO_COLOR
+    or TERM=dumb, where the cursor movements they need would be escape codes in the text)."""
+    return console.is_terminal and not _plain()
+
+
 def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
@@ -37,7 +43,7 @@ def stderr_is_terminal() -> bool:
 def fetch_progress(title: str, verb: str = "pulling") -> Iterator[Callable[[str, int, int], None]]:
     """A progress bar per file on a terminal (bytes, speed, ETA); plain lines otherwise."""
     console = err_console()
-    if not console.is_terminal:
+    if not animated(console):
         started: set[str] = set()
 
         def line(label: str, done: int, total: int) -> None:

@@ -76,8 +76,12 @@ def test_no_color_and_dumb_terminals_get_no_escape_codes(synth_model, tmp_path, 
     assert run_tallow(["import", str(synth_model), "--name", "synthy:tiny"], home=tmp_path).returncode == 0
     # On a real terminal with colour allowed, the same screens do carry escape codes.
     assert "\x1b[" in _screen(["list"], tmp_path, TERM="xterm-256color")
+    batch = tmp_path / "in.jsonl"
+    batch.write_text('{"id": 1, "prompt": "hi", "max_tokens": 3}\n')
     for args in (["list"], ["show", "synthy:tiny"], ["run", "nosuch", "hi", "--offline"], ["--help"],
-                 ["run", "synthy:tiny", "hi", "-n", "4", "--temperature", "0", "--no-log"]):
+                 ["run", "synthy:tiny", "hi", "-n", "4", "--temperature", "0", "--no-log"],
+                 ["batch", str(batch), "-o", str(tmp_path / f"out-{len(env)}.jsonl"), "-m", "synthy:tiny"],
+                 ["bench", "synthy:tiny", "-p", "8", "-n", "4", "-r", "1"]):
         screen = _screen(args, tmp_path, **env)
         assert "\x1b" not in screen, (args, screen[:200])
 
