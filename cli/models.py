@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from tallow.models.hub import Hub
-from tallow.models.pull import PullOptions, pull
-from tallow.models.resolve import LocalModel, locate
 from tallow.models.store import Store
 from tallow.runtime.types import LoadSettings
 
 from . import settings
-from .pipconfig import index_urls
-from .render import fetch_progress
+
+# Pulling (hub client, HTTP, wheels) is imported when a pull happens: every command
+# imports this module, and `tallow list` or a completion should not pay for it.
 
 
 def store() -> Store:
     return Store(settings.models_dir())
 
 
-def pull_options(offline: bool, force: bool = False) -> PullOptions:
+def pull_options(offline: bool, force: bool = False):
+    from tallow.models.hub import Hub
+    from tallow.models.pull import PullOptions
+
+    from .pipconfig import index_urls
+
     return PullOptions(
         index_urls=index_urls,
         hub=Hub(endpoint=settings.hub_endpoint(), token=settings.hub_token()),
@@ -26,13 +29,19 @@ def pull_options(offline: bool, force: bool = False) -> PullOptions:
     )
 
 
-def pull_with_progress(ref, st: Store, opts: PullOptions):
+def pull_with_progress(ref, st: Store, opts):
+    from tallow.models.pull import pull
+
+    from .render import fetch_progress
+
     with fetch_progress(ref.name) as progress:
         return pull(ref, st, opts, progress)
 
 
-def find_model(text: str, offline: bool, force: bool = False) -> LocalModel:
-    """A stored model, a loose file, or (like `ollama run`) a model pulled now."""
+def find_model(text: str, offline: bool, force: bool = False):
+    """A stored model, a loose file, or (like `ollama run`) a model pulled now: a LocalModel."""
+    from tallow.models.resolve import LocalModel, locate
+
     st = store()
     found = locate(text, st)
     if isinstance(found, LocalModel):

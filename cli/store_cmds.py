@@ -13,9 +13,7 @@ import typer
 
 from tallow.models.errors import TallowError
 from tallow.models.gguf_file import read_gguf, type_name
-from tallow.models.pull import import_file
 from tallow.models.refs import PathRef, parse_ref
-from tallow.models.resolve import LocalModel, locate
 
 from . import options as o
 from .models import pull_options, pull_with_progress, store
@@ -40,6 +38,8 @@ def pull(
     parsed = parse_ref(ref)
     if isinstance(parsed, PathRef):
         raise typer.BadParameter("that is a local file: register it with `tallow import PATH`", param_hint="REF")
+    from tallow.models.resolve import LocalModel, locate
+
     st = store()
     found = locate(ref, st)
     if isinstance(found, LocalModel):
@@ -92,6 +92,8 @@ def show(
 
     Example: tallow show smollm2:135m
     """
+    from tallow.models.resolve import LocalModel, locate
+
     st = store()
     found = locate(model, st)
     if not isinstance(found, LocalModel):
@@ -189,6 +191,8 @@ def import_model(
     """
     st = store()
     with fetch_progress(path.name, verb="importing") as progress:
+        from tallow.models.pull import import_file
+
         manifest = import_file(path, st, name or default_name(path), link, progress)
     how = "linked" if link else "copied"
     err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how})", soft_wrap=True)
