@@ -29,7 +29,7 @@ def _command():
 
 def script(shell: str) -> str:
     """The completion script for a shell, as committed under completions/."""
-    from typer._completion_shared import get_completion_script
+    from typer.completion import get_completion_script
 
     if shell not in FILES:
         raise ValueError(f"no completion for {shell}")
@@ -38,27 +38,23 @@ def script(shell: str) -> str:
 
 def complete(instruction: str) -> int:
     """Answer a completion request from one of the scripts (instruction: e.g. complete_bash)."""
-    from typer import _completion_classes as classes
-    from typer._click.shell_completion import add_completion_class
-    from typer.completion import shell_complete
+    from typer.completion import completion_init, shell_complete, shell_completion
 
-    classes.completion_init()
+    completion_init()
     # bash (complete -o default) and zsh (_files) fall back to file names when nothing is
     # offered; Typer's fish script says --no-files, so offer them from here.
-    add_completion_class(type("FishComplete", (_FilesMixin, classes.FishComplete), {}), classes.FishComplete.name)
+    fish = shell_completion.get_completion_class("fish")
+    item = shell_completion.CompletionItem
+
+    class FishWithFiles(fish):
+        def get_completions(self, args, incomplete):
+            found = super().get_completions(args, incomplete)
+            if found or incomplete.startswith("-"):
+                return found
+            return [item(p) for p in paths(incomplete)]
+
+    shell_completion.add_completion_class(FishWithFiles, "fish")
     return shell_complete(_command(), {}, "tallow", COMPLETE_VAR, instruction)
-
-
-class _FilesMixin:
-    """When nothing else completes (a path argument, free text), offer file names."""
-
-    def get_completions(self, args, incomplete):
-        from typer._click.shell_completion import CompletionItem
-
-        found = super().get_completions(args, incomplete)
-        if found or incomplete.startswith("-"):
-            return found
-        return [CompletionItem(p) for p in paths(incomplete)]
 
 
 def paths(incomplete: str, dirs_only: bool = False) -> list[str]:
