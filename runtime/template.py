@@ -6,6 +6,8 @@ template that ran code), so rendering is sandboxed and bounded in time and size.
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -14,27 +16,101 @@ from .errors import TemplateError
 
 MAX_OUTPUT_CHARS = 4_000_000
 MAX_RENDER_S = 2.0
+MAX_STEPS = 2_000_000  # loop iterations and calls in one render
+MAX_INT_ARG = 100_000  # no chat template needs a bigger number passed to a function or filter
+UNSAFE = "unsafe or too expensive chat template"
+_HINT = "use --raw to send the prompt without the template"
+_WIDTH = re.compile(r"%[-+ #0]*(\d{6,}|\*)")  # printf widths past the budget, or taken from an argument
 
 
 def _raise(message: str) -> None:
     raise TemplateError(f"the chat template refused the conversation: {message}")
 
 
-def _env():
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+class _Budget(threading.local):
+    """Steps and time for the render in progress on this thread."""
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    started = 0.0
+    steps = 0
+
+    def reset(self) -> None:
+        self.started, self.steps = time.perf_counter(), 0
+
+    def tick(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS or (self.steps % 1024 == 0 and time.perf_counter() - self.started > MAX_RENDER_S):
+            raise TemplateError(f"{UNSAFE} (step or time budget exceeded)", _HINT)
+
+
+def _env(budget: _Budget):
+    """Jinja2's immutable sandbox, with the loops, calls and operators a template could use
+    to run for ever or fill memory without producing output all counted or bounded."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    def unsafe(what: str):
+        return SecurityError(f"{what} is past the budget")
+
+    class Guarded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%"})
+
+        def call(self, __context, __obj, *args, **kwargs):
+            budget.tick()
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
+                    raise unsafe(f"the number {a}")
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def call_binop(self, context, operator, left, right):
+            budget.tick()
+            if operator == "*":
+                n, seq = (right, left) if isinstance(right, int) else (left, right)
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT_CHARS:
+                    raise unsafe("a repeated string or list")
+            elif operator == "**":
+                if not isinstance(right, (int, float)) or abs(right) > 64 or abs(left) > 2**64:
+                    raise unsafe("a power")
+            elif operator == "%" and isinstance(left, str) and _WIDTH.search(left):
+                raise unsafe("a format width")
+            return super().call_binop(context, operator, left, right)
+
+    def counted_range(*args):
+        for a in args:
+            if not isinstance(a, int) or abs(a) > MAX_INT_ARG:
+                raise unsafe("a range")
+        for i in range(*args):
+            budget.tick()
+            yield i
+
+    env = Guarded(trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["range"] = counted_range
+    for name in ("center", "indent", "wordwrap", "truncate"):  # width arguments go through call()
+        original = env.filters[name]
+        env.filters[name] = _bounded_filter(original, unsafe)
     return env
+
+
+def _bounded_filter(original, unsafe):
+    def bounded(*args, **kwargs):
+        for a in (*args[1:], *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
+                raise unsafe(f"the number {a}")
+        return original(*args, **kwargs)
+
+    for attr in ("jinja_pass_arg",):  # keep Jinja's marker for filters that take the environment
+        if hasattr(original, attr):
+            setattr(bounded, attr, getattr(original, attr))
+    return bounded
 
 
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
         from jinja2 import TemplateError as JinjaError
 
+        self._budget = _Budget()
         try:
-            self._template = _env().from_string(source)
+            self._template = _env(self._budget).from_string(source)
         except JinjaError as exc:
             raise TemplateError(f"the model's chat template does not parse: {exc}", "use --raw to send the prompt as is") from exc
         self.source = source
@@ -45,7 +121,8 @@ class ChatTemplate:
         from jinja2 import TemplateError as JinjaError
         from jinja2.sandbox import SecurityError
 
-        started = time.perf_counter()
+        self._budget.reset()
+        started = self._budget.started
         parts: list[str] = []
         size = 0
         try:
@@ -58,10 +135,11 @@ class ChatTemplate:
                 size += len(chunk)
                 parts.append(chunk)
                 if size > MAX_OUTPUT_CHARS or time.perf_counter() - started > MAX_RENDER_S:
-                    raise TemplateError("unsafe or too expensive chat template (output or time budget exceeded)",
-                                        "use --raw to send the prompt without the template")
+                    raise TemplateError(f"{UNSAFE} (output or time budget exceeded)", _HINT)
         except SecurityError as exc:
-            raise TemplateError(f"unsafe or too expensive chat template: {exc}", "use --raw to send the prompt without the template") from exc
+            raise TemplateError(f"{UNSAFE}: {exc}", _HINT) from exc
+        except (RecursionError, MemoryError) as exc:
+            raise TemplateError(f"{UNSAFE} ({type(exc).__name__})", _HINT) from exc
         except (JinjaError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise TemplateError(f"the chat template failed: {exc}", "use --raw to send the prompt without the template") from exc
         return "".join(parts)
