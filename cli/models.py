@@ -63,6 +63,10 @@ def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = 
 
     local = find_model(text, offline)
     engine = Engine(local.paths, load)
+    if engine.fit_note:
+        from .render import err_console
+
+        err_console().print(f"note: {engine.fit_note}", soft_wrap=True)
     if disk_cache:
         engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
     return local.name, engine

@@ -86,11 +86,17 @@ def list_models(as_json: o.Json = False) -> None:
 def show(
     model: o.Model,
     template: bool = typer.Option(False, "--template", help="Print only the chat template."),
+    fit: bool = typer.Option(False, "--fit", help="Print the memory it needs (weights, KV cache, compute), without loading it."),
+    ctx: o.Ctx = None,
+    gpu_layers: o.GpuLayers = "auto",
     as_json: o.Json = False,
 ) -> None:
     """Show a model's metadata, tensor types, license and source.
 
-    Example: tallow show smollm2:135m
+    \b
+    Examples:
+      tallow show smollm2:135m
+      tallow show smollm2:135m --fit --ctx 8192
     """
     from tallow.models.resolve import LocalModel, locate
 
@@ -99,6 +105,9 @@ def show(
     if not isinstance(found, LocalModel):
         raise TallowError(f"model {model!r} is not stored", f"pull it first: tallow pull {model}")
     manifest = st.get(found.name) if not isinstance(parse_ref(model), PathRef) else None
+    if fit:
+        _show_fit(found, ctx, gpu_layers, as_json)
+        return
     infos = [read_gguf(p) for p in found.paths]
     info = infos[0]
     chat = info.metadata.get("tokenizer.chat_template")
@@ -131,6 +140,42 @@ def show(
         _print_json(data)
         return
     _render_show(data)
+
+
+def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
+    """The estimate a load would make, and whether it fits here; nothing is loaded."""
+    from tallow.models.memory import available_memory
+    from tallow.runtime.engine import plan_memory
+
+    load = o.load_settings(ctx, None, gpu_layers, "auto")
+    ram = available_memory()
+    try:
+        n_ctx, layers, est, note = plan_memory(found.paths, load, offload_supported=False, vram=None)
+        verdict = None
+    except TallowError as exc:  # does not fit: still show the numbers
+        from tallow.models.gguf_file import read_gguf
+        from tallow.models.memory import Shape, estimate
+
+        shape = Shape.from_gguf([read_gguf(p) for p in found.paths])
+        n_ctx = load.n_ctx or min(shape.n_ctx_train or load.ctx_cap, load.ctx_cap)
+        est, note, verdict = estimate(shape, n_ctx, flash_attn=True), None, exc
+    data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None}
+    if verdict is not None:
+        data["error"], data["hint"] = verdict.message, verdict.hint
+    if note:
+        data["note"] = note
+    if as_json:
+        _print_json(data)
+        return
+    out = sys.stdout
+    out.write(f"{found.name} at context {est.n_ctx}\n")
+    for label, key in (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"),
+                       ("output", "output"), ("total", "total")):
+        out.write(f"  {label:<10}{human_bytes(data[key]):>10}\n")
+    out.write(f"  {'available':<10}{human_bytes(ram):>10}\n")
+    out.write("  fits\n" if verdict is None else f"  does not fit: {verdict.message}\n  {verdict.hint}\n")
+    if note:
+        out.write(f"  note: {note}\n")
 
 
 def _render_show(d: dict) -> None:

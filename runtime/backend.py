@@ -56,6 +56,31 @@ def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
+def gpu_free_memory() -> int | None:
+    """Free memory over the GPUs llama.cpp can use (ggml's device registry); None without one."""
+    lib_dir = Path(C.__file__).parent / "lib"
+    try:
+        ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
+    except OSError:
+        return None
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                             ctypes.POINTER(ctypes.c_size_t)]
+    free_total, found = 0, False
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) in (1, 2):  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            free_total += free.value
+            found = True
+    return free_total if found else None
+
+
 def _load_from_splits():
     """llama_model_load_from_splits is in libllama but not bound by llama-cpp-python 0.3.36."""
     fn = C._lib.llama_model_load_from_splits

@@ -23,13 +23,45 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def gpu_layer_count(choice: str, offload_supported: bool) -> int:
-    """auto: all layers when this build can offload, else none; all; or a number."""
+def gpu_layer_count(choice: str, offload_supported: bool, fit_layers: int | None = None) -> int:
+    """auto: as many layers as fit in free GPU memory (all when that is unknown), none
+    without a GPU build; all; or a number."""
     if choice == "auto":
-        return -1 if offload_supported else 0
+        if not offload_supported:
+            return 0
+        return -1 if fit_layers is None else fit_layers
     if choice == "all":
         return -1
     return int(choice)
+
+
+def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bool, vram: int | None):
+    """(n_ctx, n_gpu_layers, Estimate, note) for a load, from the GGUF headers alone; raises
+    TallowError ("needs X, have Y" and what would fit) when it cannot fit."""
+    from tallow.models.gguf_file import read_gguf
+    from tallow.models.memory import CTX_STEP, Shape, available_memory, check_fit, estimate, largest_context
+
+    shape = Shape.from_gguf([read_gguf(p) for p in paths])
+    ram = settings.memory if settings.memory is not None else available_memory()
+    kw = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch, n_seq=settings.n_seq_max,
+              flash_attn=settings.flash_attn != "off")
+    per_seq = min(shape.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+    n_ctx = settings.n_ctx or per_seq * settings.n_seq_max
+    fit_layers = None
+    if settings.gpu_layers == "auto" and offload_supported and vram is not None:
+        from tallow.models.memory import layers_for_vram
+
+        fit_layers = layers_for_vram(shape, vram, n_ctx, **kw)
+    layers = gpu_layer_count(settings.gpu_layers, offload_supported, fit_layers)
+    est = estimate(shape, n_ctx, gpu_layers=layers if offload_supported else 0, **kw)
+    note = None
+    if settings.n_ctx is None and est.ram > ram:  # the default context shrinks to what fits
+        smaller = largest_context(shape, ram, n_ctx, gpu_layers=est.gpu_layers, **kw)
+        if smaller >= CTX_STEP * settings.n_seq_max:
+            note = f"context {smaller} (of {n_ctx}) to fit in {ram / 1e9:.1f} GB of free memory"
+            n_ctx, est = smaller, estimate(shape, smaller, gpu_layers=est.gpu_layers, **kw)
+    check_fit(shape, est, ram, vram if offload_supported and layers else None, **kw)
+    return n_ctx, layers, est, note
 
 
 class Engine:
@@ -41,11 +73,18 @@ class Engine:
         backend.init(echo_logs=settings.echo_logs)
         paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
         self.path = paths[0]
-        self.model = backend.Model(paths, gpu_layer_count(settings.gpu_layers, backend.supports_gpu_offload()))
+        offload = backend.supports_gpu_offload()
+        self.fit_note = self.estimate = None
+        if settings.check_memory:  # before anything is allocated
+            vram = settings.vram if settings.vram is not None else (backend.gpu_free_memory() if offload else None)
+            n_ctx, layers, self.estimate, self.fit_note = plan_memory(paths, settings, offload, vram)
+        else:
+            n_ctx, layers = None, gpu_layer_count(settings.gpu_layers, offload)
+        self.model = backend.Model(paths, layers)
         try:
-            # By default each sequence gets the model's trained length, capped.
-            per_seq = min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
-            n_ctx = settings.n_ctx or per_seq * settings.n_seq_max
+            if n_ctx is None:  # by default each sequence gets the model's trained length, capped
+                per_seq = min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+                n_ctx = settings.n_ctx or per_seq * settings.n_seq_max
             self.n_threads = settings.n_threads or physical_cores()
             self.ctx = backend.Context(
                 self.model,

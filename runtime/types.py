@@ -22,6 +22,9 @@ class LoadSettings:
     type_v: str = "f16"
     n_seq_max: int = 1  # sequences the context can hold at once (more for parallel decoding)
     kv_unified: bool | None = None  # one KV buffer shared by all sequences; None: when n_seq_max > 1
+    check_memory: bool = True  # estimate memory before loading, and refuse what cannot fit
+    memory: int | None = None  # RAM available to the model in bytes (None: what the machine has free now)
+    vram: int | None = None  # free GPU memory in bytes (None: ask the GPU backend)
 
 
 @dataclass(frozen=True)
