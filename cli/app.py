@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from . import settings
@@ -83,7 +85,6 @@ _register()
 
 def main() -> None:
     import os
-    import sys
 
     from .completion import COMPLETE_VAR
 
@@ -92,4 +93,29 @@ def main() -> None:
         from .completion import complete
 
         sys.exit(complete(instruction))
-    app(prog_name="tallow")
+    sys.exit(run_app(sys.argv[1:]))
+
+
+def run_app(argv: list[str]) -> int:
+    """Run the app and return its exit code; a usage error (a bad flag or value, a missing
+    argument) is one line and a hint, like every other error, not a usage block."""
+    from .errors import EXIT_INTERRUPTED, EXIT_USAGE
+
+    try:
+        rv = app(argv, prog_name="tallow", standalone_mode=False)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        sys.stderr.write("interrupted\n")
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # click's usage errors, duck-typed: tallow imports only typer
+        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            raise
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            sys.stdout.write(ctx.get_help() + "\n")
+            return EXIT_USAGE
+        where = ctx.command_path if ctx is not None else "tallow"
+        sys.stderr.write(f"error: {exc.format_message()}\nhint: see {where} --help\n")
+        return exc.exit_code
+    return rv if isinstance(rv, int) else 0

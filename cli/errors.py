@@ -40,7 +40,10 @@ def report(exc: BaseException) -> int:
         _say("out of memory", "try a smaller --ctx or a smaller model")
         return EXIT_ERROR
     if isinstance(exc, OSError):
-        _say(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), None)
+        name = str(exc.filename) if exc.filename else ""
+        if len(name) > 80:  # a huge argument stays one readable line
+            name = name[:80] + "..."
+        _say(f"{exc.strerror or exc}" + (f": {name}" if name else ""), None)
         return EXIT_ERROR
     _say(f"unexpected {type(exc).__name__}: {exc}", "run again with TALLOW_DEBUG=1 for the traceback, and report it")
     return EXIT_ERROR

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import FetchError, IntegrityError
+from .names import check_digest
 from .store import Store
 
 ProgressFn = Callable[[str, int, int], None]  # (label, done_bytes, total_bytes)
@@ -71,7 +72,11 @@ class Expected:
 
 
 def partial_key(exp: Expected) -> str:
-    return f"sha256-{exp.sha256}" if exp.sha256 else f"key-{hashlib.sha256(exp.key.encode()).hexdigest()}"
+    """The name of the partial file: from the digest the source published, which is checked
+    first (a hostile index or hub could publish '../../x' as a sha256), or a hash of the key."""
+    if exp.sha256:
+        return check_digest(f"sha256-{exp.sha256.lower()}")
+    return f"key-{hashlib.sha256(exp.key.encode()).hexdigest()}"
 
 
 def blob_lock(store: Store, key: str):

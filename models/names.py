@@ -36,15 +36,20 @@ def parse_name(text: str) -> ModelName:
     m = _NAME_RE.match(text)
     if not m or ".." in text:
         raise InvalidName(
-            f"invalid model name {text!r}",
+            f"invalid model name {shown(text)}",
             "names look like 'smollm2:135m' or 'ORG/REPO:QUANT' (letters, digits, '.', '_', '-')",
         )
     return ModelName(m.group("repo"), m.group("tag") or DEFAULT_TAG)
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """User input quoted for an error message, cut short so a huge value stays one line."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def check_digest(text: str) -> str:
     if not isinstance(text, str) or not _DIGEST_RE.match(text):
-        raise InvalidName(f"invalid digest {text!r}", "a digest is 'sha256-' and 64 lower-case hex digits")
+        raise InvalidName(f"invalid digest {shown(text)}", "a digest is 'sha256-' and 64 lower-case hex digits")
     return text
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import CATALOG, HubModel, PackagedModel
+from .errors import InvalidName
 from .names import DEFAULT_TAG, parse_name
 
 _HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "https://hf.co/")
@@ -52,6 +53,8 @@ def is_path(text: str) -> bool:
 
 def parse_ref(text: str) -> Ref:
     """Classify `text`; raises InvalidName for something that is none of these."""
+    if not text.strip():
+        raise InvalidName("the model name is empty", "give a name such as smollm2:135m, or a path to a .gguf file")
     if is_path(text):
         return PathRef(Path(text).expanduser())
     entry = CATALOG.get(text)

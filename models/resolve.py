@@ -10,7 +10,7 @@ from .download import ProgressFn, no_progress
 from .errors import IntegrityError, ModelNotFound
 from .gguf_file import check_gguf
 from .pull import PullOptions, pull
-from .names import near_names
+from .names import near_names, shown
 from .refs import HubRef, NameRef, PathRef, parse_ref
 from .store import Store
 
@@ -45,9 +45,9 @@ def locate(text: str, store: Store) -> LocalModel | HubRef | PackagedModel:
         near = near_names(text, [*stored, *CATALOG])
         if near:
             pullable = [n for n in near if n not in stored]
-            raise ModelNotFound(f"model {text!r} not found; did you mean {' or '.join(near[:3])}?",
+            raise ModelNotFound(f"model {shown(text)} not found; did you mean {' or '.join(near[:3])}?",
                                 f"Try: tallow pull {pullable[0]}" if pullable else f"Try: tallow run {near[0]}")
-        raise ModelNotFound(f"model {text!r} not found",
+        raise ModelNotFound(f"model {shown(text)} not found",
                             f"pull it first (tallow pull ORG/REPO:QUANT), or try one of: {', '.join(sorted(CATALOG))}")
     return ref
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IntegrityError, InvalidName, ModelNotFound, TallowError
-from .names import ModelName, check_digest, parse_name, near_names
+from .names import ModelName, check_digest, near_names, parse_name, shown
 
 MANIFEST_SCHEMA = 1
 _CHUNK = 1 << 20
@@ -188,7 +188,7 @@ class Store:
             key = str(parse_name(name))
             if key not in by_name:
                 near = near_names(name, [m.name for m, _ in self.all()[0]])
-                raise ModelNotFound(f"model {name!r} is not stored" + (f"; did you mean {' or '.join(near[:3])}?" if near else ""),
+                raise ModelNotFound(f"model {shown(name)} is not stored" + (f"; did you mean {' or '.join(near[:3])}?" if near else ""),
                                     "see what is: tallow list")
             chosen.append(key)
         kept = {f.digest for m, _ in everything if m.name not in chosen for f in m.files if not f.linked}

@@ -1,0 +1,85 @@
+"""Every command with bad arguments: a clean one-line error (and a hint), the right exit
+code, never a traceback. Missing, unreadable and directory paths; empty, huge and
+mistyped values; names that would leave the store."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_tallow
+
+USAGE, ERROR = 2, 1
+HUGE = "x" * 100_000
+UNREADABLE = "/proc/self/mem"  # reading it fails with EIO, even as root
+
+
+def cases(synth: str, d: str, missing: str, text: str) -> list[tuple[list[str], int]]:
+    return [
+        (["run"], USAGE), (["run", "", "hi"], ERROR), (["run", d, "hi"], ERROR), (["run", missing, "hi"], ERROR),
+        (["run", UNREADABLE, "hi"], ERROR), (["run", HUGE, "hi"], ERROR),
+        (["run", synth, "hi", "--ctx", "abc"], USAGE), (["run", synth, "hi", "--max-tokens", "-1"], USAGE),
+        (["run", synth, "hi", "--ctx", "99999999999999"], ERROR), (["run", synth, "hi", "--json-schema", d], USAGE),
+        (["run", synth, "hi", "--temperature", "nan"], USAGE), (["run", synth, "hi", "--nope"], USAGE),
+        (["chat", d], ERROR), (["chat", missing], ERROR), (["chat", synth, "--ctx", "-5"], USAGE),
+        (["pull", ""], ERROR), (["pull", HUGE], ERROR), (["pull", d], USAGE), (["pull", "a/b/../../c"], ERROR),
+        (["list", "extra"], USAGE),
+        (["show"], USAGE), (["show", d], ERROR), (["show", missing], ERROR), (["show", UNREADABLE], ERROR),
+        (["show", "../../etc/passwd:x"], ERROR),
+        (["rm"], USAGE), (["rm", "nope:x"], ERROR), (["rm", "../x"], ERROR), (["rm", HUGE], ERROR),
+        (["import", d], ERROR), (["import", missing], ERROR), (["import", UNREADABLE], ERROR),
+        (["import", synth, "--name", "../evil"], ERROR), (["import", synth, "--name", "/etc/x"], ERROR),
+        (["import", text], ERROR),
+        (["quantize", d, "--type", "Q4_0"], ERROR), (["quantize", synth, "--type", "nope"], ERROR),
+        (["quantize", missing, "--type", "Q8_0"], ERROR), (["quantize", synth, "--type", "Q8_0", "--name", "../x"], ERROR),
+        (["eval"], USAGE), (["eval", d], ERROR), (["eval", synth, "--text", d], ERROR),
+        (["eval", synth, "--text", missing], ERROR),
+        (["imatrix", synth, "--text", missing], ERROR), (["imatrix", synth, "--text", text, "-o", d], ERROR),
+        (["bench", d], ERROR), (["bench", synth, "-p", "abc"], USAGE), (["bench", synth, "-t", "0"], USAGE),
+        (["bench", synth, "--compare", missing], ERROR), (["bench", synth, "--compare", d], ERROR),
+        (["batch", d, "-o", missing], USAGE), (["batch", missing, "-o", missing], USAGE),
+        (["batch", UNREADABLE, "-o", missing], ERROR), (["batch", text, "-o", d], USAGE),
+        (["serve", synth, "--port", "70000"], USAGE), (["serve", synth, "--host", "0.0.0.0"], USAGE),
+        (["serve", d, "--port", "0"], ERROR), (["serve", synth, "--max-tokens", "0"], USAGE),
+        (["completions", ""], USAGE), (["completions"], USAGE),
+        (["logs", "-n", "abc"], USAGE), (["logs", "--nope"], USAGE),
+        (["cache", "ls", "extra"], USAGE), (["cache", "nope"], USAGE),
+        (["--nope"], USAGE), (["nosuchcommand"], USAGE),
+    ]
+
+
+def test_every_command_fails_cleanly(synth_model, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("some words\n")
+    d = tmp_path / "a-directory.gguf"
+    d.mkdir()
+    missing = str(tmp_path / "missing.gguf")
+    bad = []
+    for args, code in cases(str(synth_model), str(d), missing, str(text)):
+        r = run_tallow(args, home=tmp_path / "home", timeout=120)
+        err = r.stderr.decode(errors="replace")
+        lines = [line for line in err.splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("error: ")]
+        ok = (r.returncode == code and "Traceback" not in err and len(errors) == 1
+              and lines[-1].startswith(("error: ", "hint: ")) and len(errors[0]) < 2000)
+        if not ok:
+            bad.append(([a[:40] for a in args[:4]], r.returncode, err[-400:]))
+    assert not bad, "\n".join(map(repr, bad))
+
+
+def test_the_covered_commands_are_all_of_them():
+    from tallow.cli.reference import commands
+
+    covered = {args[0] for args, _ in cases("m", "d", "x", "t")}
+    top = {path[0] for path in commands() if path}
+    assert top <= covered, top - covered
+
+
+@pytest.mark.parametrize("digest", ["../../../tmp/evil", "/etc/passwd", "a" * 63 + "/", "A" * 64 + "\x00"])
+def test_a_published_digest_never_becomes_a_path(digest):
+    # A hostile package index or hub publishes the sha256 that names the partial download.
+    from tallow.models.download import Expected, partial_key
+    from tallow.models.errors import InvalidName
+
+    with pytest.raises(InvalidName, match="invalid digest"):
+        partial_key(Expected(1, digest))
+    assert partial_key(Expected(1, "AB" * 32)) == "sha256-" + "ab" * 32
