@@ -69,11 +69,10 @@ def fetch_progress(title: str, verb: str = "pulling") -> Iterator[Callable[[str,
 
 
 def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    """Decimal units, as in the fit estimates (one formatter for both)."""
+    from tallow.models.memory import human
+
+    return human(n)
 
 
 def human_count(n: int | None) -> str:
