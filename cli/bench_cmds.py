@@ -22,13 +22,14 @@ FORMATS = ("table", "json", "jsonl", "csv", "md")
 KEY = ("model_filename", "test", "n_threads", "n_batch", "n_gpu_layers", "type_k", "type_v", "flash_attn")
 
 
-def _ints(value: str, flag: str, minimum: int = 0) -> list[int]:
+def _ints(value: str, flag: str, minimum: int = 0, maximum: int = 10_000_000) -> list[int]:
     try:
         out = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{value!r} is not a comma-separated list of whole numbers", param_hint=flag) from None
-    if not out or min(out) < minimum:
-        raise typer.BadParameter(f"give one or more numbers >= {minimum}", param_hint=flag)
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise typer.BadParameter(f"{shown!r} is not a comma-separated list of whole numbers", param_hint=flag) from None
+    if not out or min(out) < minimum or max(out) > maximum:
+        raise typer.BadParameter(f"give one or more numbers from {minimum} to {maximum:,}", param_hint=flag)
     return out
 
 

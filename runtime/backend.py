@@ -340,6 +340,8 @@ class SamplerParams:
     seed: int
     banned: tuple[int, ...] = ()  # tokens that may never be sampled (e.g. end-of-generation)
     grammar: str | None = None  # GBNF, already checked (runtime/grammar.py)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 class Sampler:
@@ -357,8 +359,9 @@ class Sampler:
         if p.banned:
             bias = (C.llama_logit_bias * len(p.banned))(*[C.llama_logit_bias(t, float("-inf")) for t in p.banned])
             add(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.banned), bias))
-        if p.repeat_penalty != 1.0:
-            add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
+        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
+                                               p.frequency_penalty, p.presence_penalty))
         if p.temperature <= 0:
             add(C.llama_sampler_init_greedy())
         else:

@@ -275,7 +275,8 @@ class Engine:
         s = request.sampling
         banned = self.model.eog_tokens() if request.ignore_eos else ()
         return Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
-                                                 s.repeat_last_n, s.resolved_seed(), banned, request.grammar))
+                                                 s.repeat_last_n, s.resolved_seed(), banned, request.grammar,
+                                                 s.frequency_penalty, s.presence_penalty))
 
     def _generate(self, run: _Run, prompt: list[int]) -> Iterator[TokenEvent]:
         s = run.request.sampling
@@ -283,7 +284,7 @@ class Engine:
         try:
             t0 = run.started
             self._prefill(run, prompt)
-            if s.repeat_penalty != 1.0:
+            if s.penalized:
                 for t in prompt[-s.repeat_last_n:]:
                     sampler.accept(t)
             t_prefill = time.perf_counter()

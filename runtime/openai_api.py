@@ -105,9 +105,6 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", 1, 2**31, None, integer=True)
     max_tokens = min(max_tokens or limits.max_tokens, limits.max_tokens)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, -2, 2, 0.0):
-            raise APIError(f"'{name}' is not supported; use 'repeat_penalty'", param=name)
     d = Sampling()  # tallow's defaults (as llama.cpp's server), for what the client leaves out
     sampling = Sampling(
         temperature=_number(body, "temperature", 0, 2, d.temperature),
@@ -115,6 +112,8 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
         top_k=_number(body, "top_k", 0, 1_000_000, d.top_k, integer=True),
         min_p=_number(body, "min_p", 0, 1, d.min_p),
         repeat_penalty=_number(body, "repeat_penalty", 0.01, 10, d.repeat_penalty),
+        frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
+        presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
         seed=_number(body, "seed", -(2**63), 2**64 - 1, None, integer=True),
     )
     if sampling.seed is not None:

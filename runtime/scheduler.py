@@ -286,7 +286,7 @@ class Scheduler:
             self._emit(job, Failure(e))
             return
         s = job.request.sampling
-        if s.repeat_penalty != 1.0:
+        if s.penalized:
             for t in prompt[-s.repeat_last_n:]:
                 job.sampler.accept(t)
         self._active.append(job)

@@ -36,6 +36,12 @@ class Sampling:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None  # None: a fresh random seed per request
+    frequency_penalty: float = 0.0  # OpenAI's: minus this per earlier occurrence (in the last repeat_last_n)
+    presence_penalty: float = 0.0  # OpenAI's: minus this once for a token already there
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def resolved_seed(self) -> int:
         return self.seed if self.seed is not None else random.SystemRandom().randrange(2**32)

@@ -196,3 +196,17 @@ def test_separate_streams_give_each_sequence_its_share(synth_model):
             s.submit(Request([1] * 300, 4))
     finally:
         s.close()
+
+
+def test_presence_and_frequency_penalties_reduce_repeats(det):
+    base = requests(det, 1, max_tokens=64)[0]
+
+    def repeats(req):
+        tokens, _, _ = stream_of(det.submit(req))
+        return len(tokens) - len(set(tokens))
+
+    plain = repeats(base)
+    for field in ("presence_penalty", "frequency_penalty"):
+        sampling = Sampling(temperature=0, **{field: 2.0})
+        penalized = Request(base.prompt_tokens, 64, sampling=sampling, ignore_eos=True)
+        assert repeats(penalized) < plain, field
