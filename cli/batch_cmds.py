@@ -11,7 +11,7 @@ import typer
 from tallow.models.errors import TallowError
 
 from . import options as o
-from .models import find_model
+from .models import open_scheduler
 from .render import animated, err_console
 
 
@@ -38,7 +38,7 @@ def batch(
     """
     from tallow.runtime.batch import BatchStats, count_requests, open_output, previous_results, read_lines, run_batch
     from tallow.runtime.openai_api import Limits
-    from tallow.runtime.scheduler import Scheduler, SchedulerSettings
+    from tallow.runtime.scheduler import SchedulerSettings
 
     if not input.is_file():
         raise typer.BadParameter(f"{input} is not a readable file", param_hint="INPUT")
@@ -51,14 +51,14 @@ def batch(
     except OSError as exc:
         raise TallowError(f"cannot use {exc.filename}: {exc.strerror}") from exc
     with out:
-        local = find_model(model, offline)
-        sched = Scheduler.load(local.paths, o.load_settings(ctx, threads, gpu_layers, flash_attn),
-                               SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
-                                                 max_queue=parallel * 4, max_tokens_cap=max_tokens))
+        name, sched = open_scheduler(model, o.load_settings(ctx, threads, gpu_layers, flash_attn), offline,
+                                     SchedulerSettings(parallel=parallel, deterministic=deterministic,
+                                                       kv_unified=kv_unified, max_queue=parallel * 4,
+                                                       max_tokens_cap=max_tokens))
         try:
             stats = BatchStats(total=total)
             with _progress(total) as show:
-                run_batch(sched, read_lines(input), out, Limits(max_tokens=max_tokens, model=local.name),
+                run_batch(sched, read_lines(input), out, Limits(max_tokens=max_tokens, model=name),
                           done_ids, done_lines, stats, show)
         finally:
             sched.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 import sys
 
-import typer
-
 from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
 from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling
 

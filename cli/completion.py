@@ -12,11 +12,6 @@ from pathlib import Path
 
 COMPLETE_VAR = "_TALLOW_COMPLETE"
 FILES = {"bash": "tallow.bash", "zsh": "_tallow", "fish": "tallow.fish"}
-INSTALL = {
-    "bash": "tallow completions bash > ~/.local/share/bash-completion/completions/tallow",
-    "zsh": "tallow completions zsh > \"${fpath[1]}/_tallow\"   # then: autoload -U compinit && compinit",
-    "fish": "tallow completions fish > ~/.config/fish/completions/tallow.fish",
-}
 
 
 def _command():
@@ -57,26 +52,18 @@ def complete(instruction: str) -> int:
     return shell_complete(_command(), {}, "tallow", COMPLETE_VAR, instruction)
 
 
-def paths(incomplete: str, dirs_only: bool = False) -> list[str]:
+def paths(incomplete: str) -> list[str]:
     """Entries of the directory named so far that start with the rest (folders end in /)."""
     import os
 
     head, _, tail = incomplete.rpartition("/")
-    folder = os.path.expanduser(head + "/" if head or incomplete.startswith("/") else ".")
+    prefix = head + "/" if head or incomplete.startswith("/") else ""
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        entries = sorted(os.scandir(os.path.expanduser(prefix or ".")), key=lambda e: e.name)
     except OSError:
         return []
-    prefix = head + "/" if head or incomplete.startswith("/") else ""
-    out = []
-    for e in entries:
-        if not e.name.startswith(tail) or (e.name.startswith(".") and not tail.startswith(".")):
-            continue
-        is_dir = e.is_dir()
-        if dirs_only and not is_dir:
-            continue
-        out.append(prefix + e.name + ("/" if is_dir else ""))
-    return out
+    return [prefix + e.name + ("/" if e.is_dir() else "") for e in entries
+            if e.name.startswith(tail) and (tail.startswith(".") or not e.name.startswith("."))]
 
 
 def model_names(incomplete: str) -> list[str]:

@@ -56,6 +56,13 @@ def prompt_cache():
     return PromptCache(settings.prompt_cache_dir(), settings.cache_max_bytes(), settings.cache_min_tokens())
 
 
+def _say_fit(engine) -> None:
+    if engine.fit_note:  # the default context was shrunk to fit
+        from .render import err_console
+
+        err_console().print(f"note: {engine.fit_note}", soft_wrap=True)
+
+
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):
     """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
     from tallow.models.store import file_digest
@@ -63,10 +70,18 @@ def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = 
 
     local = find_model(text, offline)
     engine = Engine(local.paths, load)
-    if engine.fit_note:
-        from .render import err_console
-
-        err_console().print(f"note: {engine.fit_note}", soft_wrap=True)
+    _say_fit(engine)
     if disk_cache:
         engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
     return local.name, engine
+
+
+def open_scheduler(text: str, load: LoadSettings, offline: bool, sched):
+    """Return (name, Scheduler) for batch and serve: the model found or pulled, loaded for
+    `sched` (runtime.scheduler.SchedulerSettings) sequences at once."""
+    from tallow.runtime.scheduler import Scheduler
+
+    local = find_model(text, offline)
+    scheduler = Scheduler.load(local.paths, load, sched)
+    _say_fit(scheduler.engine)
+    return local.name, scheduler

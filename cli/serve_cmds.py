@@ -11,7 +11,7 @@ from tallow.models.errors import TallowError
 
 from . import options as o
 from . import settings
-from .models import find_model
+from .models import open_scheduler
 from .render import err_console
 
 
@@ -41,7 +41,7 @@ def serve(
 
     Example: tallow serve smollm2:135m --port 8080 --parallel 4
     """
-    from tallow.runtime.scheduler import Scheduler, SchedulerSettings
+    from tallow.runtime.scheduler import SchedulerSettings
     from tallow.runtime.server import ServerConfig, create_app, is_loopback
 
     key = api_key or settings.api_key()
@@ -49,16 +49,16 @@ def serve(
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
     sock = _listen(host, port)  # before loading: a taken port fails fast
-    local = find_model(model, offline)
-    sched = Scheduler.load(local.paths, o.load_settings(ctx, threads, gpu_layers, flash_attn),
-                           SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
-                                             max_queue=max_queue, max_tokens_cap=max_tokens, time_limit_s=timeout))
+    name, sched = open_scheduler(model, o.load_settings(ctx, threads, gpu_layers, flash_attn), offline,
+                                 SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
+                                                   max_queue=max_queue, max_tokens_cap=max_tokens,
+                                                   time_limit_s=timeout))
     try:
-        app = create_app(sched, ServerConfig(model=local.name, host=host, api_key=key, cors=tuple(cors or ()),
+        app = create_app(sched, ServerConfig(model=name, host=host, api_key=key, cors=tuple(cors or ()),
                                              max_body=max_body, max_tokens=max_tokens))
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        err_console().print(f"serving {local.name} on http://{shown}:{bound[1]} ({parallel} parallel, "
+        err_console().print(f"serving {name} on http://{shown}:{bound[1]} ({parallel} parallel, "
                           f"context {sched.n_ctx}" + (" shared" if sched.unified else f", {sched.capacity} per request")
                           + (", deterministic" if deterministic else "") + ")", soft_wrap=True)
         _run_uvicorn(app, sock)

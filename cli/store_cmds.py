@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from tallow.models.errors import TallowError
-from tallow.models.gguf_file import read_gguf, type_name
+from tallow.models.gguf_file import read_gguf
 from tallow.models.refs import PathRef, parse_ref
 
 from . import options as o
@@ -144,21 +144,10 @@ def show(
 
 def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
     """The estimate a load would make, and whether it fits here; nothing is loaded."""
-    from tallow.models.memory import available_memory
     from tallow.runtime.engine import plan_memory
 
-    load = o.load_settings(ctx, None, gpu_layers, "auto")
-    ram = available_memory()
-    try:
-        n_ctx, layers, est, note = plan_memory(found.paths, load, offload_supported=False, vram=None)
-        verdict = None
-    except TallowError as exc:  # does not fit: still show the numbers
-        from tallow.models.gguf_file import read_gguf
-        from tallow.models.memory import Shape, estimate
-
-        shape = Shape.from_gguf([read_gguf(p) for p in found.paths])
-        n_ctx = load.n_ctx or min(shape.n_ctx_train or load.ctx_cap, load.ctx_cap)
-        est, note, verdict = estimate(shape, n_ctx, flash_attn=True), None, exc
+    plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=False, vram=None)
+    est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
     data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None}
     if verdict is not None:
         data["error"], data["hint"] = verdict.message, verdict.hint

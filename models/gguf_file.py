@@ -118,6 +118,9 @@ def _type_sizes() -> dict[int, tuple[int, int]]:
     return {int(k): v for k, v in GGML_QUANT_SIZES.items()}
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Reader:
     def __init__(self, buf, size: int, path: Path) -> None:
         self.buf, self.size, self.pos, self.path = buf, size, 0, path
@@ -151,6 +154,21 @@ class _Reader:
             return None
         return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
 
+    def skip_strings(self, count: int, what: str) -> None:
+        """Step over `count` strings (a tokenizer's vocabulary: ~10^5 of them, so the loop is
+        kept tight); at the first one that does not fit, `string` raises its usual error."""
+        buf, size, pos = self.buf, self.size, self.pos
+        unpack = _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 <= size:
+                (n,) = unpack(buf, pos)
+                if n <= size - pos - 8:
+                    pos += 8 + n
+                    continue
+            self.pos = pos
+            self.string(what, keep=False)  # raises
+        self.pos = pos
+
     def value(self, type_id: int, what: str, depth: int = 0):
         if type_id in _SCALARS:
             return self.scalar(type_id, what)
@@ -170,9 +188,10 @@ class _Reader:
                     return [self.scalar(elem, what) for _ in range(count)]
                 self.pos += count * minimum
                 return ArrayInfo(elem, count)
-            keep = count <= KEEP_ARRAY
-            values = [self.string(what, keep) for _ in range(count)]
-            return values if keep else ArrayInfo(elem, count)
+            if count <= KEEP_ARRAY:
+                return [self.string(what) for _ in range(count)]
+            self.skip_strings(count, what)
+            return ArrayInfo(elem, count)
         raise self.fail(f"{what} has unknown value type {type_id}")
 
 

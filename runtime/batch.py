@@ -141,7 +141,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             while len(in_flight) >= window:
                 collect(block=True)
             try:
-                handle = sched.submit(request, on_event=lambda ev, j=lineno: results.put((j, ev)))
+                handle = sched.submit(request, on_event=_ends_to(results, lineno))
             except TallowError as exc:
                 error(lineno, rid, f"line {lineno}: {exc.message}")
                 continue
@@ -153,6 +153,16 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
         for _, handle in in_flight.values():  # interrupted: nothing half-done is written
             handle.cancel()
     return stats
+
+
+def _ends_to(results: queue.Queue, lineno: int) -> Callable:
+    """An event callback that passes on only how a request ended: a batch writes whole
+    records, so its per-token events would be queued just to be dropped."""
+    def on_event(event) -> None:
+        if isinstance(event, (FinalEvent, Failure)):
+            results.put((lineno, event))
+
+    return on_event
 
 
 def _id_and_body(line: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

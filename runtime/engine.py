@@ -7,8 +7,11 @@ whose prompt starts with them evaluates only what follows the common prefix.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from tallow.models.errors import TallowError
 
 from .errors import ContextOverflow
 from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, reasoning_markers
@@ -35,22 +38,36 @@ def gpu_layer_count(choice: str, offload_supported: bool, fit_layers: int | None
     return int(choice)
 
 
-def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bool, vram: int | None):
-    """(n_ctx, n_gpu_layers, Estimate, note) for a load, from the GGUF headers alone; raises
-    TallowError ("needs X, have Y" and what would fit) when it cannot fit."""
+def default_context(settings: LoadSettings, n_ctx_train: int) -> int:
+    """--ctx, or each sequence gets the model's trained length capped at ctx_cap."""
+    per_seq = min(n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+    return settings.n_ctx or per_seq * settings.n_seq_max
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    n_ctx: int
+    gpu_layers: int
+    estimate: object  # models.memory.Estimate
+    ram: int  # what was free
+    note: str | None  # the default context was shrunk to fit
+    problem: TallowError | None  # "needs X, have Y" and what would fit; None when it fits
+
+
+def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bool, vram: int | None) -> MemoryPlan:
+    """The context, GPU layers and memory estimate for a load, from the GGUF headers alone,
+    and why it cannot fit if it cannot."""
     from tallow.models.gguf_file import read_gguf
-    from tallow.models.memory import CTX_STEP, Shape, available_memory, check_fit, estimate, largest_context
+    from tallow.models.memory import (CTX_STEP, Shape, available_memory, check_fit, estimate, largest_context,
+                                      layers_for_vram)
 
     shape = Shape.from_gguf([read_gguf(p) for p in paths])
     ram = settings.memory if settings.memory is not None else available_memory()
     kw = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch, n_seq=settings.n_seq_max,
               flash_attn=settings.flash_attn != "off")
-    per_seq = min(shape.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
-    n_ctx = settings.n_ctx or per_seq * settings.n_seq_max
+    n_ctx = default_context(settings, shape.n_ctx_train)
     fit_layers = None
     if settings.gpu_layers == "auto" and offload_supported and vram is not None:
-        from tallow.models.memory import layers_for_vram
-
         fit_layers = layers_for_vram(shape, vram, n_ctx, **kw)
     layers = gpu_layer_count(settings.gpu_layers, offload_supported, fit_layers)
     est = estimate(shape, n_ctx, gpu_layers=layers if offload_supported else 0, **kw)
@@ -60,8 +77,12 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
         if smaller >= CTX_STEP * settings.n_seq_max:
             note = f"context {smaller} (of {n_ctx}) to fit in {ram / 1e9:.1f} GB of free memory"
             n_ctx, est = smaller, estimate(shape, smaller, gpu_layers=est.gpu_layers, **kw)
-    check_fit(shape, est, ram, vram if offload_supported and layers else None, **kw)
-    return n_ctx, layers, est, note
+    try:
+        check_fit(shape, est, ram, vram if offload_supported and layers else None, **kw)
+        problem = None
+    except TallowError as exc:
+        problem = exc
+    return MemoryPlan(n_ctx, layers, est, ram, note, problem)
 
 
 class Engine:
@@ -77,14 +98,16 @@ class Engine:
         self.fit_note = self.estimate = None
         if settings.check_memory:  # before anything is allocated
             vram = settings.vram if settings.vram is not None else (backend.gpu_free_memory() if offload else None)
-            n_ctx, layers, self.estimate, self.fit_note = plan_memory(paths, settings, offload, vram)
+            plan = plan_memory(paths, settings, offload, vram)
+            if plan.problem is not None:
+                raise plan.problem
+            n_ctx, layers, self.estimate, self.fit_note = plan.n_ctx, plan.gpu_layers, plan.estimate, plan.note
         else:
             n_ctx, layers = None, gpu_layer_count(settings.gpu_layers, offload)
         self.model = backend.Model(paths, layers)
         try:
-            if n_ctx is None:  # by default each sequence gets the model's trained length, capped
-                per_seq = min(self.model.n_ctx_train or settings.ctx_cap, settings.ctx_cap)
-                n_ctx = settings.n_ctx or per_seq * settings.n_seq_max
+            if n_ctx is None:
+                n_ctx = default_context(settings, self.model.n_ctx_train)
             self.n_threads = settings.n_threads or physical_cores()
             self.ctx = backend.Context(
                 self.model,

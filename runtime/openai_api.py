@@ -99,13 +99,13 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
         shown = model if isinstance(model, str) else type(model).__name__
         raise APIError(f"the model '{shown}' is not served here; this server runs '{limits.model}'", 404,
                        "model", "model_not_found")
-    n = _number(body, "n", 1, 1, 1, integer=True)
-    del n  # one choice per request: n > 1 is refused above
+    _number(body, "n", 1, 1, 1, integer=True)  # one choice per request: any other n is refused
     max_tokens = _number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", 1, 2**31, None, integer=True)
     max_tokens = min(max_tokens or limits.max_tokens, limits.max_tokens)
     d = Sampling()  # tallow's defaults (as llama.cpp's server), for what the client leaves out
+    seed = _number(body, "seed", -(2**63), 2**64 - 1, None, integer=True)
     sampling = Sampling(
         temperature=_number(body, "temperature", 0, 2, d.temperature),
         top_p=_number(body, "top_p", 0, 1, d.top_p),
@@ -114,10 +114,8 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
         repeat_penalty=_number(body, "repeat_penalty", 0.01, 10, d.repeat_penalty),
         frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
         presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
-        seed=_number(body, "seed", -(2**63), 2**64 - 1, None, integer=True),
+        seed=None if seed is None else seed & 0xFFFFFFFF,  # llama.cpp's seeds are 32-bit
     )
-    if sampling.seed is not None:
-        sampling = Sampling(**{**sampling.__dict__, "seed": sampling.seed & 0xFFFFFFFF})
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()

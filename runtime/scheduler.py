@@ -8,8 +8,8 @@ request takes it at the following step. Callers talk to the thread only through
 `submit` (which queues) and the Handle it returns (which relays events and cancels).
 
 Deterministic mode makes a request's answer independent of what else is being
-decoded; see DESIGN.md ("Batch invariance") for the two llama.cpp behaviours it
-works around and what that costs.
+decoded; see DESIGN.md (batch invariance) for the three llama.cpp behaviours it
+works around, and the README for what that costs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from tallow.models.errors import TallowError
@@ -94,10 +94,8 @@ class Handle:
                 return
 
     def result(self) -> FinalEvent:
-        for event in self.events():
-            if isinstance(event, FinalEvent):
-                return event
-        raise AssertionError("unreachable")
+        *_, final = self.events()  # the last event is always the FinalEvent
+        return final
 
 
 class _Job:
@@ -125,12 +123,12 @@ class _Slot:
 class Stats:
     """Counters for /metrics; written by the engine thread, read by anyone."""
 
-    requests: dict[str, int]
+    requests: dict[str, int] = field(default_factory=dict)  # by finish reason
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
-    ttft: Histogram = None
-    itl: Histogram = None
+    ttft: Histogram = field(default_factory=Histogram.latency)
+    itl: Histogram = field(default_factory=Histogram.latency)
     steps: int = 0
 
 
@@ -149,7 +147,7 @@ class Scheduler:
         self._active: list[_Job] = []  # admitted, in admission order
         self._cond = threading.Condition()
         self._closing = False
-        self.stats = Stats({}, ttft=Histogram.latency(), itl=Histogram.latency())
+        self.stats = Stats()
         self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
         self._thread.start()
 
@@ -318,12 +316,12 @@ class Scheduler:
             decode.append((job.next_token, len(slot.kv), slot.seq, True))
             slot.kv.append(job.next_token)
             job.next_token = None
-        calls = [(decode, wants)] if decode else []
+        separate = []  # deterministic prefill chunks, each a call of its own
         budget = self.n_batch - len(decode)
         for job in self._active:
             prompt, slot = job.request.prompt_tokens, job.slot
             start = len(slot.kv)
-            if job.run.t_decode_start is not None or start >= len(prompt) or job.sampler is None:
+            if job.run.t_decode_start is not None or start >= len(prompt):
                 continue
             if budget < (2 if det else 1):
                 break
@@ -339,16 +337,14 @@ class Scheduler:
                 chunk.append((prompt[i], i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
             slot.kv.extend(prompt[start:start + n])
             budget -= len(chunk)
-            row = [(len(chunk) - 1, job)] if start + n == len(prompt) else []
-            if det:  # a call of its own, so llama.cpp cannot split it into a 1-token ubatch
-                calls.append((chunk, row))
-            elif calls:
-                base = len(calls[0][0])
-                calls[0][0].extend(chunk)
-                calls[0][1].extend((base + r, j) for r, j in row)
-            else:
-                calls.append((chunk, row))
-        return calls
+            done = start + n == len(prompt)
+            if det:  # alone in its call, llama.cpp cannot split it into a one-token micro-batch
+                separate.append((chunk, [(len(chunk) - 1, job)] if done else []))
+            else:  # with everything else, in the one call of this step
+                if done:
+                    wants.append((len(decode) + len(chunk) - 1, job))
+                decode.extend(chunk)
+        return ([(decode, wants)] if decode else []) + separate
 
     def _pair(self, slot: _Slot, entries: list) -> None:
         """Re-evaluate the sequence's last token alongside the next one, both with logits, so
@@ -358,9 +354,7 @@ class Scheduler:
         The re-evaluated cell gets the very values it had."""
         p = len(slot.kv) - 1
         self.engine.ctx.seq_rm(slot.seq, p, -1)
-        entries.append((slot.kv[p], p, slot.seq, True))
-        del slot.kv[p:]
-        slot.kv.append(entries[-1][0])
+        entries.append((slot.kv[p], p, slot.seq, True))  # slot.kv already lists it
 
     def _step(self) -> None:
         ctx = self.engine.ctx

@@ -13,7 +13,6 @@ import hashlib
 import http.server
 import json
 import threading
-import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 

@@ -17,7 +17,6 @@ Target: tallow >= 97% of minimal in every case.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
