@@ -74,14 +74,15 @@ class _Guard:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.check_host and _host_name(headers.get("host", "")).lower() not in LOOPBACK:
-            return await _error(scope, receive, send, APIError("this server answers only to a loopback Host header", 403,
-                                               code="host_not_allowed"))
+            err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
+            return await _error(scope, receive, send, err)
         if self.key is not None and scope["method"] != "OPTIONS":
             auth = headers.get("authorization", "")
             given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
             if not hmac.compare_digest(given, self.key):
-                return await _error(scope, receive, send, APIError("a valid API key is required (Authorization: Bearer KEY)", 401,
-                                                   code="invalid_api_key", kind="authentication_error"))
+                err = APIError("a valid API key is required (Authorization: Bearer KEY)", 401,
+                               code="invalid_api_key", kind="authentication_error")
+                return await _error(scope, receive, send, err)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body):
             return await _error(scope, receive, send, _too_large(self.cfg.max_body))

@@ -55,9 +55,7 @@ def _env(budget: _Budget):
 
         def call(self, __context, __obj, *args, **kwargs):
             budget.tick()
-            for a in (*args, *kwargs.values()):
-                if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
-                    raise unsafe(f"the number {a}")
+            _check_numbers((*args, *kwargs.values()), unsafe)
             return super().call(__context, __obj, *args, **kwargs)
 
         def call_binop(self, context, operator, left, right):
@@ -85,22 +83,24 @@ def _env(budget: _Budget):
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals["range"] = counted_range
-    for name in ("center", "indent", "wordwrap", "truncate"):  # width arguments go through call()
-        original = env.filters[name]
-        env.filters[name] = _bounded_filter(original, unsafe)
+    for name in ("center", "indent", "wordwrap", "truncate"):  # filters with a width: not seen by call()
+        env.filters[name] = _bounded_filter(env.filters[name], unsafe)
     return env
+
+
+def _check_numbers(values, unsafe) -> None:
+    for a in values:
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
+            raise unsafe(f"the number {a}")
 
 
 def _bounded_filter(original, unsafe):
     def bounded(*args, **kwargs):
-        for a in (*args[1:], *kwargs.values()):
-            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
-                raise unsafe(f"the number {a}")
+        _check_numbers((*args[1:], *kwargs.values()), unsafe)
         return original(*args, **kwargs)
 
-    for attr in ("jinja_pass_arg",):  # keep Jinja's marker for filters that take the environment
-        if hasattr(original, attr):
-            setattr(bounded, attr, getattr(original, attr))
+    if hasattr(original, "jinja_pass_arg"):  # keep Jinja's marker for filters that take the environment
+        bounded.jinja_pass_arg = original.jinja_pass_arg
     return bounded
 
 
