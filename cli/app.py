@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 
 
-def _version() -> str:
+def version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -31,7 +31,7 @@ def _version() -> str:
 
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"tallow {_version()}")
+        typer.echo(f"tallow {version()}")
         raise typer.Exit()
 
 
@@ -47,6 +47,7 @@ def _register() -> None:
     from .bench_cmds import bench
     from .cache_cmds import cache_app
     from .chat import chat
+    from .doctor import doctor
     from .history_cmds import logs_app
     from .run import run
     from .serve_cmds import serve
@@ -55,7 +56,7 @@ def _register() -> None:
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
                 ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve))
+                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve), ("doctor", doctor))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.command(name="completions")(guarded(completions))

@@ -74,7 +74,7 @@ def bench(
     tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pg or [], _ints(depth, "-d"))
     if not tests:
         raise typer.BadParameter("no tests: give -p, -n or -pg", param_hint="-p/-n/-pg")
-    from tallow.runtime.engine import physical_cores
+    from tallow.runtime.threads import physical_cores
 
     combos = list(itertools.product(_ints(threads, "-t", 1) if threads else [physical_cores()],
                                     _ints(batch, "-b", 1), _ints(gpu_layers, "--gpu-layers")))

@@ -26,7 +26,15 @@ def pull_options(offline: bool, force: bool = False):
         hub=Hub(endpoint=settings.hub_endpoint(), token=settings.hub_token()),
         offline=offline or settings.offline(),
         force=force,
+        verify=verify_model,
     )
+
+
+def verify_model(paths) -> None:
+    """llama.cpp's own reading of a model before it enters the store (a child process)."""
+    from tallow.runtime.machine import check_loadable
+
+    check_loadable(paths)
 
 
 def pull_with_progress(ref, st: Store, opts):

@@ -47,9 +47,12 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
 
     from . import settings
 
+    from .machine import machine_profile
+
+    fa = parse_flash_attn(flash_attn)
     return LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads,
-                        gpu_layers=parse_gpu_layers(gpu_layers), flash_attn=parse_flash_attn(flash_attn),
-                        echo_logs=settings.debug())
+                        gpu_layers=parse_gpu_layers(gpu_layers), flash_attn=fa, echo_logs=settings.debug(),
+                        machine=machine_profile(threads), registry=settings.engines_dir())
 
 
 def parse_on_overflow(value: str) -> str:

@@ -29,8 +29,15 @@ NO_LOG = Setting("TALLOW_NO_LOG", "0", "1: do not record runs and chats in the l
 CACHE_MAX = Setting("TALLOW_CACHE_MAX", "2GiB", "size cap of the prompt cache on disk (bytes, or with KB/MB/GB/KiB/MiB/GiB)")
 CACHE_MIN = Setting("TALLOW_CACHE_MIN_TOKENS", "256", "shortest prompt prefix worth saving to the prompt cache")
 API_KEY = Setting("TALLOW_API_KEY", "none", "the key `tallow serve` requires (same as --api-key)")
+CPU_REPACK = Setting("TALLOW_CPU_REPACK", "auto", "repacked CPU weight layouts: auto (probed once per machine), on, off")
+MACHINE = Setting("TALLOW_MACHINE_CACHE", "$TALLOW_HOME/cache/machine.json",
+                  "what tallow measured about this machine (repack probe, flash-attention timings)")
 
-REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN, API_KEY]
+REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN, API_KEY, CPU_REPACK, MACHINE]
+# Test hooks, not user settings (docs/DESIGN.md, "Calibration"): make the probe child crash or
+# hang ("crash", "hang"), or probe where no type needs it ("probe"); and its time limit.
+TEST_PROBE = "TALLOW_TEST_PROBE"
+TEST_PROBE_TIMEOUT = "TALLOW_TEST_PROBE_TIMEOUT"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -74,6 +81,30 @@ def cache_min_tokens() -> int:
 
         raise TallowError(f"{CACHE_MIN.name}={value!r} is not a number of tokens")
     return int(value)
+
+
+def cpu_repack() -> str:
+    value = (CPU_REPACK.raw() or CPU_REPACK.default).strip().lower()
+    if value not in ("auto", "on", "off"):
+        from tallow.models.errors import TallowError
+
+        raise TallowError(f"{CPU_REPACK.name}={CPU_REPACK.raw()!r} is not auto, on or off")
+    return value
+
+
+def machine_cache() -> Path:
+    return Path(MACHINE.raw()).expanduser() if MACHINE.raw() else home() / "cache" / "machine.json"
+
+
+def engines_dir() -> Path:
+    """The running engines' thread claims (runtime/threads.py)."""
+    return home() / "run" / "engines"
+
+
+def test_probe() -> tuple[str | None, float | None]:
+    hook = os.environ.get(TEST_PROBE) or None
+    timeout = os.environ.get(TEST_PROBE_TIMEOUT)
+    return hook, float(timeout) if timeout else None
 
 
 def prompt_cache_dir() -> Path:

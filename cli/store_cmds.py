@@ -16,7 +16,7 @@ from tallow.models.gguf_file import read_gguf
 from tallow.models.refs import PathRef, parse_ref
 
 from . import options as o
-from .models import pull_options, pull_with_progress, store
+from .models import pull_options, pull_with_progress, store, verify_model
 from .render import err_console, fetch_progress, human_bytes, human_count, out_console
 
 
@@ -144,7 +144,7 @@ def show(
 
 def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
     """The estimate a load would make, and whether it fits here; nothing is loaded."""
-    from tallow.runtime.engine import plan_memory
+    from tallow.runtime.loadplan import plan_memory
 
     plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=False, vram=None)
     est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
@@ -227,6 +227,6 @@ def import_model(
     with fetch_progress(path.name, verb="importing") as progress:
         from tallow.models.pull import import_file
 
-        manifest = import_file(path, st, name or default_name(path), link, progress)
+        manifest = import_file(path, st, name or default_name(path), link, progress, verify=verify_model)
     how = "linked" if link else "copied"
     err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how})", soft_wrap=True)

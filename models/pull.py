@@ -27,6 +27,9 @@ class PullOptions:
     force: bool = False  # download even when the model cannot fit in memory
     free_space: Callable[[Path], int] = disk_free
     free_memory: Callable[[], int] = available_memory
+    # llama.cpp's own verdict on the files (runtime.machine.check_loadable, in a child):
+    # raises when it could not load them, before the manifest is written.
+    verify: Callable[[list[Path]], None] | None = None
 
 
 def gguf_facts(infos: list[GGUFInfo]) -> dict[str, Any]:
@@ -85,17 +88,29 @@ def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progre
         source = {"kind": "hub", "repo": ref.repo, "revision": opts.hub.revision, "files": [f.path for f in chosen]}
         license_ = None
     infos = _check_files(store, [f.digest for f in files])
+    if opts.verify is not None:
+        blobs = [store.blob_path(f.digest) for f in files]
+        try:
+            opts.verify(blobs)
+        except TallowError as exc:
+            for blob in blobs:
+                blob.unlink(missing_ok=True)
+            raise TallowError(exc.message + " (the download was deleted)", exc.hint) from exc
     lic = infos[0].metadata.get("general.license")
     manifest = Manifest(ref.name, files, source, license_ or (lic if isinstance(lic, str) else None), gguf_facts(infos))
     store.commit(manifest)
     return manifest
 
 
-def import_file(path: Path, store: Store, name: str, link: bool, on_progress: ProgressFn = no_progress) -> Manifest:
-    """Register a local GGUF: copied into the store, or used in place (--link)."""
+def import_file(path: Path, store: Store, name: str, link: bool, on_progress: ProgressFn = no_progress,
+                verify: Callable[[list[Path]], None] | None = None) -> Manifest:
+    """Register a local GGUF: copied into the store, or used in place (--link); `verify`
+    as in PullOptions, asked before anything is copied."""
     path = Path(path).expanduser().resolve()
     name = str(parse_name(name))
     info = read_gguf(path)
+    if verify is not None:
+        verify([path])
     stat = path.stat()
     if link:
         digest = f"sha256-{sha256_file(path)}"

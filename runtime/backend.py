@@ -15,6 +15,7 @@ from pathlib import Path
 
 import llama_cpp.llama_cpp as C
 
+from . import interrupt
 from .errors import BackendError
 
 _init_lock = threading.Lock()
@@ -27,20 +28,52 @@ _log_echo = False
 
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", "replace") if text else ""
-    _log_tail.append(line)
-    if _log_echo:
-        sys.stderr.write(line)
+    try:  # nothing may escape into C (runtime/interrupt.py keeps Ctrl-C out of here)
+        line = text.decode("utf-8", "replace") if text else ""
+        _log_tail.append(line)
+        if _log_echo:
+            sys.stderr.write(line)
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+@C.llama_progress_callback
+def _progress_callback(progress: float, user_data: ctypes.c_void_p) -> bool:
+    try:
+        return not interrupt.requested()  # False stops the load
+    except BaseException:  # noqa: BLE001
+        return True
+
+
+def _abort_callback():
+    """llama.cpp's abort callback as a C function (see runtime/interrupt.py), or None."""
+    return C.ggml_abort_callback(interrupt.STRLEN) if interrupt.STRLEN else None
+
+
+_ABORT = _abort_callback()
 
 
 def init(echo_logs: bool = False) -> None:
     global _initialized, _log_echo
     _log_echo = echo_logs
+    interrupt.install()  # from the main thread: Ctrl-C stops native calls too
     with _init_lock:
         if not _initialized:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
             C.llama_backend_init()
             _initialized = True
+
+
+def system_info() -> str:
+    """llama.cpp's own summary of the CPU features it was built with and uses."""
+    return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def build_info() -> dict[str, str]:
+    """What identifies this llama.cpp build: the binding's version and the system info."""
+    from importlib.metadata import version
+
+    return {"llama_cpp_python": version("llama-cpp-python"), "system_info": system_info()}
 
 
 def last_log_error() -> str:
@@ -54,31 +87,6 @@ def last_log_error() -> str:
 
 def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
-
-
-def gpu_free_memory() -> int | None:
-    """Free memory over the GPUs llama.cpp can use (ggml's device registry); None without one."""
-    lib_dir = Path(C.__file__).parent / "lib"
-    try:
-        ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
-    except OSError:
-        return None
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_dev_type.restype = ctypes.c_int
-    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                             ctypes.POINTER(ctypes.c_size_t)]
-    free_total, found = 0, False
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(dev) in (1, 2):  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
-            free, total = ctypes.c_size_t(), ctypes.c_size_t()
-            ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            free_total += free.value
-            found = True
-    return free_total if found else None
 
 
 def _load_from_splits():
@@ -119,16 +127,21 @@ FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYP
 class Model:
     """A loaded model and its vocabulary."""
 
-    def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True) -> None:
+    def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True, no_alloc: bool = False) -> None:
+        """`extra_buffers`: repacked weight layouts for faster CPU kernels (runtime/machine.py
+        decides); `no_alloc`: read the metadata and plan the buffers, allocate no weights."""
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        params.use_extra_bufts = extra_buffers  # repacked weight layouts for faster CPU kernels
+        params.use_extra_bufts = extra_buffers
+        params.no_alloc = no_alloc
+        params.progress_callback = _progress_callback
         _log_tail.clear()
-        if len(paths) == 1:
-            ptr = C.llama_model_load_from_file(str(paths[0]).encode("utf-8"), params)
-        else:  # shards stored under their digests: name each one, in order
-            names = [str(p).encode("utf-8") for p in paths]
-            ptr = _load_from_splits()((ctypes.c_char_p * len(names))(*names), len(names), params)
+        with interrupt.native():
+            if len(paths) == 1:
+                ptr = C.llama_model_load_from_file(str(paths[0]).encode("utf-8"), params)
+            else:  # shards stored under their digests: name each one, in order
+                names = [str(p).encode("utf-8") for p in paths]
+                ptr = _load_from_splits()((ctypes.c_char_p * len(names))(*names), len(names), params)
         if not ptr:
             detail = last_log_error()
             raise BackendError(f"llama.cpp could not load {paths[0]}" + (f": {detail}" if detail else ""),
@@ -234,7 +247,8 @@ class Context:
             params.cb_eval = p.observer.callback
             params.cb_eval_user_data = None
         _log_tail.clear()
-        ptr = C.llama_init_from_model(model.ptr, params)
+        with interrupt.native():
+            ptr = C.llama_init_from_model(model.ptr, params)
         if not ptr:
             detail = last_log_error()
             raise BackendError("llama.cpp could not create a context" + (f": {detail}" if detail else ""),
@@ -246,6 +260,22 @@ class Context:
         self.mem = C.llama_get_memory(ptr)
         self._batch = C.llama_batch_init(self.n_batch, 0, p.n_seq_max)
         self._b = self._batch  # fields are pointers into C memory, filled in place
+        self.n_threads = p.n_threads
+        if _ABORT is not None:
+            C.llama_set_abort_callback(ptr, _ABORT, ctypes.cast(interrupt.abort_flag, ctypes.c_void_p))
+
+    def set_threads(self, n: int) -> None:
+        """Threads for the next decode calls (llama.cpp allows a change between calls)."""
+        if n != self.n_threads:
+            C.llama_set_n_threads(self.ptr, n, n)
+            self.n_threads = n
+
+    def _run(self) -> int:
+        with interrupt.native():
+            rc = C.llama_decode(self.ptr, self._b)
+        if rc == 2:  # aborted by the abort callback: llama.cpp dropped the unfinished cells
+            raise KeyboardInterrupt
+        return rc
 
     def decode(self, tokens: list[int], pos0: int, seq_id: int = 0, want_last_logits: bool = True,
                all_logits: bool = False) -> None:
@@ -264,7 +294,7 @@ class Context:
         if want_last_logits:
             logits[n - 1] = 1
         b.n_tokens = n
-        rc = C.llama_decode(self.ptr, b)
+        rc = self._run()
         if rc == 1:
             raise BackendError("the KV cache is full", "use a larger --ctx")
         if rc != 0:
@@ -297,7 +327,7 @@ class Context:
             tok[i], pos[i], nseq[i], logits[i] = t, p, 1, want
             seq[i][0] = s
         b.n_tokens = len(entries)
-        rc = C.llama_decode(self.ptr, b)
+        rc = self._run()
         if rc != 0:
             raise BackendError("the KV cache is full" if rc == 1 else f"llama_decode failed with code {rc}",
                                "use a larger context or fewer parallel sequences")

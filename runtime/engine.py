@@ -7,82 +7,18 @@ whose prompt starts with them evaluates only what follows the common prefix.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from tallow.models.errors import TallowError
 
 from .errors import ContextOverflow
+from .loadplan import choose_flash_attn, default_context, extra_buffers, gpu_layer_count, plan_memory, read_shape
+from .threads import Governor, Registry, physical_cores
 from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, reasoning_markers
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
 
 _SEQ = 0
-
-
-def physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
-
-
-def gpu_layer_count(choice: str, offload_supported: bool, fit_layers: int | None = None) -> int:
-    """auto: as many layers as fit in free GPU memory (all when that is unknown), none
-    without a GPU build; all; or a number."""
-    if choice == "auto":
-        if not offload_supported:
-            return 0
-        return -1 if fit_layers is None else fit_layers
-    if choice == "all":
-        return -1
-    return int(choice)
-
-
-def default_context(settings: LoadSettings, n_ctx_train: int) -> int:
-    """--ctx, or each sequence gets the model's trained length capped at ctx_cap."""
-    per_seq = min(n_ctx_train or settings.ctx_cap, settings.ctx_cap)
-    return settings.n_ctx or per_seq * settings.n_seq_max
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    n_ctx: int
-    gpu_layers: int
-    estimate: object  # models.memory.Estimate
-    ram: int  # what was free
-    note: str | None  # the default context was shrunk to fit
-    problem: TallowError | None  # "needs X, have Y" and what would fit; None when it fits
-
-
-def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bool, vram: int | None) -> MemoryPlan:
-    """The context, GPU layers and memory estimate for a load, from the GGUF headers alone,
-    and why it cannot fit if it cannot."""
-    from tallow.models.gguf_file import read_gguf
-    from tallow.models.memory import (CTX_STEP, Shape, available_memory, check_fit, estimate, largest_context,
-                                      layers_for_vram)
-
-    shape = Shape.from_gguf([read_gguf(p) for p in paths])
-    ram = settings.memory if settings.memory is not None else available_memory()
-    kw = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch, n_seq=settings.n_seq_max,
-              flash_attn=settings.flash_attn != "off")
-    n_ctx = default_context(settings, shape.n_ctx_train)
-    fit_layers = None
-    if settings.gpu_layers == "auto" and offload_supported and vram is not None:
-        fit_layers = layers_for_vram(shape, vram, n_ctx, **kw)
-    layers = gpu_layer_count(settings.gpu_layers, offload_supported, fit_layers)
-    est = estimate(shape, n_ctx, gpu_layers=layers if offload_supported else 0, **kw)
-    note = None
-    if settings.n_ctx is None and est.ram > ram:  # the default context shrinks to what fits
-        smaller = largest_context(shape, ram, n_ctx, gpu_layers=est.gpu_layers, **kw)
-        if smaller >= CTX_STEP * settings.n_seq_max:
-            note = f"context {smaller} (of {n_ctx}) to fit in {ram / 1e9:.1f} GB of free memory"
-            n_ctx, est = smaller, estimate(shape, smaller, gpu_layers=est.gpu_layers, **kw)
-    try:
-        check_fit(shape, est, ram, vram if offload_supported and layers else None, **kw)
-        problem = None
-    except TallowError as exc:
-        problem = exc
-    return MemoryPlan(n_ctx, layers, est, ram, note, problem)
 
 
 class Engine:
@@ -96,19 +32,27 @@ class Engine:
         self.path = paths[0]
         offload = backend.supports_gpu_offload()
         self.fit_note = self.estimate = None
+        shape = read_shape(paths) if settings.check_memory or settings.flash_attn == "auto" else None
+        self.flash_attn = choose_flash_attn(settings, shape)
+        self.extra_buffers = extra_buffers(settings)
+        settings = replace(settings, flash_attn=self.flash_attn)
         if settings.check_memory:  # before anything is allocated
-            vram = settings.vram if settings.vram is not None else (backend.gpu_free_memory() if offload else None)
-            plan = plan_memory(paths, settings, offload, vram)
+            from .devices import gpu_free_memory
+
+            vram = settings.vram if settings.vram is not None else (gpu_free_memory() if offload else None)
+            plan = plan_memory(paths, settings, offload, vram, shape)
             if plan.problem is not None:
                 raise plan.problem
             n_ctx, layers, self.estimate, self.fit_note = plan.n_ctx, plan.gpu_layers, plan.estimate, plan.note
         else:
             n_ctx, layers = None, gpu_layer_count(settings.gpu_layers, offload)
-        self.model = backend.Model(paths, layers)
+        pinned = settings.n_threads or (None if settings.adapt_threads else physical_cores())
+        self.governor = Governor(physical_cores(), pinned, Registry(settings.registry) if settings.registry else None)
+        self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers)
         try:
             if n_ctx is None:
                 n_ctx = default_context(settings, self.model.n_ctx_train)
-            self.n_threads = settings.n_threads or physical_cores()
+            self.n_threads = self.governor.start()
             self.ctx = backend.Context(
                 self.model,
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
@@ -118,6 +62,7 @@ class Engine:
                                       kv_unified=settings.kv_unified),
             )
         except BaseException:
+            self.governor.close()
             self.model.close()
             raise
         self.n_ctx = self.ctx.n_ctx
@@ -186,7 +131,8 @@ class Engine:
         s = self._settings
         self._disk = (cache, fingerprint({
             "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": s.type_k, "type_v": s.type_v,
-            "flash_attn": s.flash_attn, "rope": "model", "n_seq_max": s.n_seq_max, "llama_cpp": self._backend_version(),
+            "flash_attn": self.flash_attn, "rope": "model", "n_seq_max": s.n_seq_max, "llama_cpp": self._backend_version(),
+            "extra_buffers": self.extra_buffers,
         }))
 
     @staticmethod
@@ -334,6 +280,7 @@ class Engine:
             if len(kv) >= self.n_ctx:
                 run.finish = "length"  # the context is full
                 return
+            self.pace()
             ctx.decode([token], len(kv), _SEQ)
             kv.append(token)
 
@@ -388,7 +335,12 @@ class Engine:
         self.ctx.clear()
         self._kv.clear()
 
+    def pace(self) -> None:
+        """Once per decode step, by every decode loop: follow the cores free (runtime/threads.py)."""
+        self.governor.pace(self.ctx)
+
     def close(self) -> None:
+        self.governor.close()
         self.ctx.close()
         self.model.close()
 

@@ -54,8 +54,8 @@ def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSetti
     deterministic mode adds flash attention (which skips other sequences' cells exactly)."""
     if sched.parallel < 1:
         raise ValueError("parallel must be at least 1")
-    if sched.deterministic:
-        return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on")
+    if sched.deterministic:  # and a fixed thread count: nothing about the kernels changes mid-run
+        return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on", adapt_threads=False)
     return replace(load, n_seq_max=sched.parallel, kv_unified=sched.kv_unified)
 
 
@@ -358,6 +358,7 @@ class Scheduler:
 
     def _step(self) -> None:
         ctx = self.engine.ctx
+        self.engine.pace()
         for entries, wants in self._calls():
             try:
                 ctx.decode_batch(entries)

@@ -70,6 +70,7 @@ def lookup_decode(engine, run, sampler) -> Iterator[TokenEvent]:
             return
         draft = index.propose(min(limit, room, engine.n_batch - 1))
         base = len(kv)
+        engine.pace()
         ctx.decode([token, *draft], base, seq, all_logits=True)
         kv.append(token)
         kv.extend(draft)

@@ -25,6 +25,10 @@ class LoadSettings:
     check_memory: bool = True  # estimate memory before loading, and refuse what cannot fit
     memory: int | None = None  # RAM available to the model in bytes (None: what the machine has free now)
     vram: int | None = None  # free GPU memory in bytes (None: ask the GPU backend)
+    machine: object = None  # runtime.machine.Profile: repack verdict and flash-attention timings
+    workload: object = None  # runtime.machine.Workload for flash_attn "auto" (None: fill the context)
+    registry: object = None  # folder of the running engines' thread claims (runtime/threads.py)
+    adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
 
 
 @dataclass(frozen=True)

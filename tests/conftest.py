@@ -74,7 +74,8 @@ def run_tallow(args: list[str], *, home: Path, input: bytes | None = b"", env: d
                timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh process, as a script would: stdin and stdout are pipes."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
-    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1"})
+    # One machine profile for the whole run: calibration is once per machine, not per test home.
+    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(_test_home() / "machine.json")})
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "tallow.cli", *args], input=input, capture_output=True,
                           env=full_env, timeout=timeout)

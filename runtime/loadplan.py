@@ -1,0 +1,102 @@
+"""The load plan: what a model load will use, decided from the GGUF headers and the
+machine before anything is allocated: context size, GPU layers, memory estimate, flash
+attention and extra buffers (docs/DESIGN.md, "Memory model" and "Calibration")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tallow.models.errors import TallowError
+
+from .types import LoadSettings
+
+
+def gpu_layer_count(choice: str, offload_supported: bool, fit_layers: int | None = None) -> int:
+    """auto: as many layers as fit in free GPU memory (all when that is unknown), none
+    without a GPU build; all; or a number."""
+    if choice == "auto":
+        if not offload_supported:
+            return 0
+        return -1 if fit_layers is None else fit_layers
+    if choice == "all":
+        return -1
+    return int(choice)
+
+
+def default_context(settings: LoadSettings, n_ctx_train: int) -> int:
+    """--ctx, or each sequence gets the model's trained length capped at ctx_cap."""
+    per_seq = min(n_ctx_train or settings.ctx_cap, settings.ctx_cap)
+    return settings.n_ctx or per_seq * settings.n_seq_max
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    n_ctx: int
+    gpu_layers: int
+    estimate: object  # models.memory.Estimate
+    ram: int  # what was free
+    note: str | None  # the default context was shrunk to fit
+    problem: TallowError | None  # "needs X, have Y" and what would fit; None when it fits
+
+
+def read_shape(paths: list[Path]):
+    from tallow.models.gguf_file import read_gguf
+    from tallow.models.memory import Shape
+
+    return Shape.from_gguf([read_gguf(p) for p in paths])
+
+
+def choose_flash_attn(settings: LoadSettings, shape) -> str:
+    """--flash-attn, or for "auto" what this machine's timings say suits the context's work."""
+    from .machine import Workload
+
+    if settings.flash_attn != "auto" or settings.machine is None or shape is None:
+        return settings.flash_attn
+    if settings.type_v not in ("f16", "bf16", "f32"):
+        return "on"  # llama.cpp needs flash attention for a quantized V cache
+    work = settings.workload
+    if work is None:  # a long-lived context (chat, serve): assume it fills up, half prompt, half answer
+        per_seq = default_context(settings, shape.n_ctx_train) // max(1, settings.n_seq_max)
+        work = Workload(per_seq // 2, per_seq // 2)
+    return settings.machine.flash_attn_for(shape, work)
+
+
+def extra_buffers(settings: LoadSettings) -> bool:
+    """The machine's repack verdict; without one, extra buffers only where no type needs a probe."""
+    if settings.machine is not None:
+        return settings.machine.repack
+    from .devices import extra_buffer_types
+    from .machine import PROBED
+
+    return not any(t in PROBED for t in extra_buffer_types())
+
+
+def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bool, vram: int | None,
+                shape=None) -> MemoryPlan:
+    """The context, GPU layers and memory estimate for a load, from the GGUF headers alone,
+    and why it cannot fit if it cannot."""
+    from tallow.models.memory import CTX_STEP, available_memory, check_fit, estimate, largest_context, layers_for_vram
+
+    shape = shape or read_shape(paths)
+    ram = settings.memory if settings.memory is not None else available_memory()
+    kw = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch, n_seq=settings.n_seq_max,
+              flash_attn=settings.flash_attn != "off")
+    n_ctx = default_context(settings, shape.n_ctx_train)
+    fit_layers = None
+    if settings.gpu_layers == "auto" and offload_supported and vram is not None:
+        fit_layers = layers_for_vram(shape, vram, n_ctx, **kw)
+    layers = gpu_layer_count(settings.gpu_layers, offload_supported, fit_layers)
+    est = estimate(shape, n_ctx, gpu_layers=layers if offload_supported else 0, **kw)
+    note = None
+    if settings.n_ctx is None and est.ram > ram:  # the default context shrinks to what fits
+        smaller = largest_context(shape, ram, n_ctx, gpu_layers=est.gpu_layers, **kw)
+        if smaller >= CTX_STEP * settings.n_seq_max:
+            note = f"context {smaller} (of {n_ctx}) to fit in {ram / 1e9:.1f} GB of free memory"
+            n_ctx, est = smaller, estimate(shape, smaller, gpu_layers=est.gpu_layers, **kw)
+    try:
+        check_fit(shape, est, ram, vram if offload_supported and layers else None, **kw)
+        problem = None
+    except TallowError as exc:
+        problem = exc
+    return MemoryPlan(n_ctx, layers, est, ram, note, problem)
