@@ -55,6 +55,19 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
                         machine=machine_profile(threads), registry=settings.engines_dir())
 
 
+def one_shot(load, text: str, max_tokens: int | None, draft: bool):
+    """A run's load settings once its prompt is known: the work it will do decides flash
+    attention ("auto"), and drafting needs flash attention on, whose kernel treats each row
+    of a batch as it treats a row alone (the draft's answer must equal the plain one)."""
+    from dataclasses import replace
+
+    from tallow.runtime.machine import Workload
+
+    work = Workload(len(text.encode("utf-8")) // 3 + 16, max_tokens or 512)  # ~3 bytes a token, and the template
+    flash = "on" if draft and load.flash_attn == "auto" else load.flash_attn
+    return replace(load, workload=work, flash_attn=flash)
+
+
 def parse_on_overflow(value: str) -> str:
     if value in ("drop", "error"):
         return value

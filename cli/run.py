@@ -74,6 +74,8 @@ def run(
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json
     text, document = (None, None) if interactive else read_prompt(prompt)
+    if not interactive:
+        load = o.one_shot(load, text, max_tokens, draft is not None)
     name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
         if interactive:

@@ -134,6 +134,8 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         params.use_extra_bufts = extra_buffers
         params.no_alloc = no_alloc
+        if no_alloc:
+            params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: a no_alloc load must map nothing (as common/fit.cpp does)
         params.progress_callback = _progress_callback
         _log_tail.clear()
         with interrupt.native():

@@ -28,7 +28,7 @@ def test_wheel_installs_only_the_tallow_package(tmp_path):
     assert not installed & {"cli", "runtime", "models", "quantize", "tests"}
     assert "tallow" in installed
     entry = (next(target.glob("tallow-*.dist-info")) / "entry_points.txt").read_text()
-    assert "tallow = tallow.cli.app:main" in entry
+    assert "tallow = tallow.cli.entry:main" in entry
 
 
 def _imports_after(args: list[str]) -> str:
