@@ -170,7 +170,7 @@ def doctor(
     no_live: bool = typer.Option(False, "--no-live", help="Skip loading the default model."),
     recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure this machine again (repack probe, flash attention)."),
 ) -> None:
-    """Check this machine and tallow's install; what to paste into a bug report.
+    """Check this machine and the install, for a bug report.
 
     Example: tallow doctor --json
     """

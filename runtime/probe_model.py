@@ -67,25 +67,35 @@ def _quantized(rng, rows: int, cols: int, type_name: str):
     return quants.quantize(data, qtype), qtype
 
 
-def write_probe_model(path: Path, seed: int = 7) -> Path:
+def llama_writer(path: Path, name: str, n_ctx: int, n_embd: int, n_layer: int, n_ff: int, n_head: int,
+                 n_head_kv: int, file_type: int):
+    """A GGUFWriter with a llama architecture's hyperparameters and a GPT-2 style
+    tokenizer model set (the vocabulary and tensors are the caller's). Shared with the
+    tests' synthetic model."""
     import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(file_type)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")  # a GPT-2 style pre-tokenizer llama.cpp knows
+    return w
+
+
+def write_probe_model(path: Path, seed: int = 7) -> Path:
     import numpy as np
 
     rng = np.random.default_rng(seed)
     tokens, merges = _byte_vocab()
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tallow-calibration")
-    w.add_context_length(N_CTX_TRAIN)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_dimension_count(HEAD_DIM)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(1)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w = llama_writer(path, "tallow-calibration", N_CTX_TRAIN, N_EMBD, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, file_type=1)
     w.add_token_list(tokens)
     w.add_token_types([1] * (len(tokens) - 1) + [3])
     w.add_token_merges(merges)

@@ -80,24 +80,12 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | 
     """Random weights; or, with `script` ({token: next token}), weights that make greedy
     decoding follow the script: attention and feed-forward are zero, so the residual stream
     is the token's embedding, and the output matrix maps each embedding to its successor."""
-    import gguf
+    from tallow.runtime.probe_model import llama_writer
 
     tokens, types, merges = vocabulary()
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tallow-synthetic")
-    w.add_context_length(N_CTX_TRAIN)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_dimension_count(N_EMBD // N_HEAD)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(0)  # all F32
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")  # a GPT-2 style pre-tokenizer llama.cpp knows
+    w = llama_writer(path, "tallow-synthetic", N_CTX_TRAIN, N_EMBD, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, file_type=0)  # all F32
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
