@@ -47,6 +47,19 @@ def _live_check(threads: int | None) -> dict:
                 "text": final.text}
 
 
+def _threads_now(threads: int | None) -> int:
+    """What an engine starting now would take: the cores other processes leave (a 0.2 s look)."""
+    import time
+
+    from tallow.runtime.threads import Governor, Registry, physical_cores
+
+    gov = Governor(physical_cores(), threads, Registry(settings.engines_dir()))
+    time.sleep(0.2)
+    n = gov.start()
+    gov.close()
+    return n
+
+
 def _check(checks: list, name: str, fn):
     try:
         value = fn()
@@ -90,7 +103,7 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
         "llama_cpp_python": lib["info"].get("llama_cpp_python"), "system_info": lib["info"].get("system_info"),
         "cpu": {"model": facts["cpu"], "arch": facts["arch"], "kernel": facts["kernel"], "flags": interesting,
                 "physical_cores": physical_cores(), "logical_cpus": psutil.cpu_count() or 1,
-                "threads": threads or physical_cores()},
+                "threads": threads or physical_cores(), "threads_now": _threads_now(threads)},
         "repack": None if prof is None else {"on": prof.repack, "reason": prof.repack_reason, "probed": prof.probed,
                                              "extra_buffer_types": prof.extra_buffer_types},
         "flash_attn": None if prof is None else _fa_summary(prof),
@@ -129,7 +142,8 @@ def _render(d: dict) -> None:
         ("built with", d["system_info"] or "?"),
         ("CPU", f"{cpu['model']} ({cpu['arch']}, kernel {cpu['kernel']})"),
         ("CPU flags", " ".join(cpu["flags"]) or "-"),
-        ("cores", f"{cpu['physical_cores']} physical, {cpu['logical_cpus']} logical; tallow uses up to {cpu['threads']} threads"),
+        ("cores", f"{cpu['physical_cores']} physical, {cpu['logical_cpus']} logical; tallow would start with "
+                  f"{cpu['threads_now']} thread(s) now, up to {cpu['threads']}"),
     ]
     if d["repack"]:
         r = d["repack"]

@@ -14,9 +14,9 @@ def complete_model(incomplete: str) -> list[str]:
 
 Model = Annotated[str, typer.Argument(help="A stored model name, a known name such as smollm2:135m, or a path to a .gguf file.", show_default=False, autocompletion=complete_model)]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens [default: TALLOW_CONTEXT_LENGTH, capped at the model's trained length].", show_default=False)]
-Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads [default: physical cores].", show_default=False)]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads [default: the physical cores that are free, followed while decoding].", show_default=False)]
 GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to a GPU: auto (all when the build can offload, else 0), all, or N.")]
-FlashAttn = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto, on or off.")]
+FlashAttn = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto (from this machine's measurements, per context), on or off.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Never open a network connection (also TALLOW_OFFLINE=1).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of text.")]
 

@@ -148,7 +148,8 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
 
     plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=False, vram=None)
     est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
-    data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None}
+    data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None,
+            "flash_attn": plan.flash_attn, "extra_buffers": plan.extra_buffers}
     if verdict is not None:
         data["error"], data["hint"] = verdict.message, verdict.hint
     if note:
@@ -157,7 +158,8 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
         _print_json(data)
         return
     out = sys.stdout
-    out.write(f"{found.name} at context {est.n_ctx}\n")
+    out.write(f"{found.name} at context {est.n_ctx} (flash attention {plan.flash_attn}, "
+              f"repacked weights {'on' if plan.extra_buffers else 'off'})\n")
     for label, key in (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"),
                        ("output", "output"), ("total", "total")):
         out.write(f"  {label:<10}{human_bytes(data[key]):>10}\n")

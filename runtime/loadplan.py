@@ -38,6 +38,8 @@ class MemoryPlan:
     ram: int  # what was free
     note: str | None  # the default context was shrunk to fit
     problem: TallowError | None  # "needs X, have Y" and what would fit; None when it fits
+    flash_attn: str = "auto"  # as the load will decide it (it changes the compute figure)
+    extra_buffers: bool = True
 
 
 def read_shape(paths: list[Path]):
@@ -78,7 +80,10 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     and why it cannot fit if it cannot."""
     from tallow.models.memory import CTX_STEP, available_memory, check_fit, estimate, largest_context, layers_for_vram
 
+    from dataclasses import replace
+
     shape = shape or read_shape(paths)
+    settings = replace(settings, flash_attn=choose_flash_attn(settings, shape))
     ram = settings.memory if settings.memory is not None else available_memory()
     kw = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch, n_seq=settings.n_seq_max,
               flash_attn=settings.flash_attn != "off")
@@ -99,4 +104,4 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
         problem = None
     except TallowError as exc:
         problem = exc
-    return MemoryPlan(n_ctx, layers, est, ram, note, problem)
+    return MemoryPlan(n_ctx, layers, est, ram, note, problem, settings.flash_attn, extra_buffers(settings))

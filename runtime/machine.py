@@ -136,24 +136,29 @@ class ProbeOptions:
     timing: bool = True  # measure flash attention
 
 
-def _child(workdir: Path, extra_buffers: bool, opts: ProbeOptions, fault: str | None) -> tuple[dict | None, str]:
-    """Run the calibration child; (its result, or None and why it failed)."""
-    args = {"task": "calibrate", "model": str(workdir / "calibration.gguf"), "threads": opts.threads,
-            "extra_buffers": extra_buffers, "timing": opts.timing, "fault": fault}
+def run_child(args: dict, timeout_s: float) -> tuple[dict | None, str]:
+    """Run the probe child (runtime/probe.py) on `args`: (its JSON result, or None and why)."""
     try:
         proc = subprocess.run([sys.executable, "-m", "tallow.runtime.probe", json.dumps(args)], capture_output=True,
-                              timeout=opts.timeout_s, stdin=subprocess.DEVNULL, start_new_session=True)
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, start_new_session=True)
     except subprocess.TimeoutExpired:
-        return None, f"the probe hung (killed after {opts.timeout_s:g} s)"
+        return None, f"hung (killed after {timeout_s:g} s)"
     if proc.returncode < 0:
-        return None, f"the probe died by {signal.Signals(-proc.returncode).name}"
+        return None, f"died by {signal.Signals(-proc.returncode).name}"
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-        return None, f"the probe failed (exit {proc.returncode}: {tail[0]})"
+        return None, f"failed (exit {proc.returncode}: {tail[0]})"
     try:
         return json.loads(proc.stdout.decode().strip().splitlines()[-1]), ""
     except (ValueError, IndexError):
-        return None, "the probe printed no result"
+        return None, "printed no result"
+
+
+def _child(workdir: Path, extra_buffers: bool, opts: ProbeOptions, fault: str | None) -> tuple[dict | None, str]:
+    args = {"task": "calibrate", "model": str(workdir / "calibration.gguf"), "threads": opts.threads,
+            "extra_buffers": extra_buffers, "timing": opts.timing, "fault": fault}
+    result, why = run_child(args, opts.timeout_s)
+    return result, (f"the probe {why}" if why else "")
 
 
 def check_loadable(paths: list[Path], timeout_s: float = PROBE_TIMEOUT_S) -> None:
@@ -163,19 +168,9 @@ def check_loadable(paths: list[Path], timeout_s: float = PROBE_TIMEOUT_S) -> Non
 
     name = Path(paths[0]).name
     hint = "the file is damaged, or made for a newer llama.cpp than this build"
-    args = {"task": "check", "paths": [str(p) for p in paths]}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "tallow.runtime.probe", json.dumps(args)], capture_output=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"llama.cpp did not finish reading {name} in {timeout_s:g} s", hint) from None
-    if proc.returncode < 0:
-        raise BackendError(f"llama.cpp crashed reading {name} ({signal.Signals(-proc.returncode).name})", hint)
-    try:
-        result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-        raise BackendError(f"llama.cpp could not read {name}: {tail[0]}", hint) from None
+    result, why = run_child({"task": "check", "paths": [str(p) for p in paths]}, timeout_s)
+    if result is None:
+        raise BackendError(f"llama.cpp could not read {name}: its check {why}", hint)
     if not result.get("ok"):
         raise BackendError(f"llama.cpp cannot load {name}: {result.get('error')}", hint)
 
@@ -204,7 +199,7 @@ def calibrate(facts: dict, key: str, extra_types: list[str], opts: ProbeOptions,
             elif not extra_types:
                 reason = "this build offers no extra buffer types"
             else:
-                reason = f"{', '.join(extra_types)} need no probe"
+                reason = f"no probe needed for {', '.join(extra_types)}"
             result, timing_error = _child(workdir, repack, opts, None) if opts.timing else (None, "")
     timings = None
     if result and result.get("timings"):

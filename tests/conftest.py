@@ -38,6 +38,16 @@ def _test_home() -> Path:
     return Path(os.environ.get("TALLOW_TEST_HOME") or Path.home() / ".cache" / "tallow-tests" / "home")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def machine_profile():
+    """Calibrate this machine once, before any test: on a CPU whose repack probe fails, the
+    one-line notice is said here, not in the middle of a test that reads stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
+    env.update({"TALLOW_HOME": str(_test_home()), "TALLOW_MACHINE_CACHE": str(_test_home() / "machine.json")})
+    subprocess.run([sys.executable, "-m", "tallow.cli", "doctor", "--no-live", "--json"], env=env, capture_output=True,
+                   timeout=600)
+
+
 @pytest.fixture(scope="session")
 def default_home() -> Path:
     """A TALLOW_HOME holding the default model, fetched the way users get it (pip's index)."""

@@ -60,7 +60,7 @@ def run_llama_bench(binary: Path, model: Path, *args: str) -> list[dict]:
     return json.loads(done.stdout)
 
 
-def setup():
+def setup(reps: int = 3):
     """Parse --reps and --llama-bench; (args, the test home holding the default model, the
     environment for tallow there, the llama-bench binary)."""
     import argparse
@@ -68,7 +68,7 @@ def setup():
     from conftest import _test_home
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--llama-bench", default=None)
     args = ap.parse_args()
     home = _test_home()
