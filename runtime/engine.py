@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-
 from .errors import ContextOverflow
 from .loadplan import choose_flash_attn, default_context, extra_buffers, gpu_layer_count, plan_memory, read_shape
 from .threads import Governor, Registry, physical_cores
@@ -52,11 +51,11 @@ class Engine:
         try:
             if n_ctx is None:
                 n_ctx = default_context(settings, self.model.n_ctx_train)
-            self.n_threads = self.governor.start()
+            n_threads = self.governor.start()
             self.ctx = backend.Context(
                 self.model,
                 backend.ContextParams(n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_batch,
-                                      n_threads=self.n_threads, flash_attn=settings.flash_attn,
+                                      n_threads=n_threads, flash_attn=settings.flash_attn,
                                       observer=settings.observer, type_k=settings.type_k,
                                       type_v=settings.type_v, n_seq_max=settings.n_seq_max,
                                       kv_unified=settings.kv_unified),
@@ -334,6 +333,11 @@ class Engine:
         """Forget every cached token (the next prompt is evaluated in full)."""
         self.ctx.clear()
         self._kv.clear()
+
+    @property
+    def n_threads(self) -> int:
+        """The threads decoding now (runtime/threads.py may change them between steps)."""
+        return self.ctx.n_threads
 
     def pace(self) -> None:
         """Once per decode step, by every decode loop: follow the cores free (runtime/threads.py)."""

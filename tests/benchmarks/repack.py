@@ -47,7 +47,7 @@ def ensure_models(env) -> list[str]:
 def tallow_bench(env, name: str, threads: int, flash: str) -> tuple[float, float]:
     from benchmarks.llamabench import tallow
 
-    p = tallow(["bench", name, "-p", "512", "-n", "128", "-r", "2", "-t", str(threads), "-fa", flash, "--json"], env)
+    p = tallow(["bench", name, "-p", "512", "-n", "128", "-r", "4", "-t", str(threads), "-fa", flash, "--json"], env)
     out, err = p.communicate(timeout=900)
     if p.returncode != 0:
         raise RuntimeError(err.decode()[-300:])
@@ -84,7 +84,7 @@ def main() -> int:
             if not crashed:
                 on.append(tallow_bench({**env, "TALLOW_CPU_REPACK": "on"}, name, threads, flash))
             off.append(tallow_bench({**env, "TALLOW_CPU_REPACK": "off"}, name, threads, flash))
-            rows = run_llama_bench(binary, path, "-p", "512", "-n", "128", "-r", "2", "-t", str(threads), "-fa", "1",
+            rows = run_llama_bench(binary, path, "-p", "512", "-n", "128", "-r", "4", "-t", str(threads), "-fa", "1",
                                    "--repack", "0")
             lb.append((rows[0]["avg_ts"], rows[1]["avg_ts"]))
         pp_on = f"{best(x[0] for x in on):9.1f}" if on else f"{'crashed':>9}"
