@@ -42,7 +42,7 @@ def _strlen_address() -> int | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
         return ctypes.cast(libc.strlen, ctypes.c_void_p).value
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library to name (Windows): Python callbacks only
         return None
 
 
@@ -95,10 +95,10 @@ def install() -> bool:
         if current in (signal.SIG_IGN, None):
             return False  # a parent asked us to ignore Ctrl-C: keep it that way
         r, w = os.pipe()
-        os.set_blocking(w, False)
         try:
+            os.set_blocking(w, False)
             old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except ValueError:
+        except (OSError, ValueError):  # e.g. Windows, where the wakeup fd must be a socket
             os.close(r)
             os.close(w)
             return False

@@ -52,7 +52,10 @@ def test_a_changed_key_calibrates_again_and_a_passing_probe_keeps_repacking(defa
     env = _env(tmp_path, TALLOW_TEST_PROBE="probe")
     assert run_tallow(["doctor", "--json", "--no-live"], home=default_home, env=env).returncode == 0
     (key,) = _profiles(tmp_path)
-    assert _profiles(tmp_path)[key]["repack"] is True and _profiles(tmp_path)[key]["probed"] is True
+    first = _profiles(tmp_path)[key]
+    assert first["probed"] is True
+    if not has_amx():  # where no kernel is known to crash, the probe passes and repacking stays on
+        assert first["repack"] is True and first["repack_reason"].startswith("probed: ")
     # another thread count is another key: calibrated anew, the first kept
     assert run_tallow(["doctor", "--json", "--no-live", "-t", "1"], home=default_home, env=env).returncode == 0
     assert len(_profiles(tmp_path)) == 2
