@@ -89,4 +89,7 @@ def test_atheris_finds_no_crash(synth_model, default_model, tmp_path):
     r = subprocess.run([sys.executable, str(script), str(corpus), "-runs=4000", "-seed=1", "-max_len=65536"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Done 4000 runs" in r.stderr
+    import re
+
+    done = re.search(r"Done (\d+) runs", r.stderr)  # libFuzzer may finish a few runs past -runs
+    assert done and int(done.group(1)) >= 4000, r.stderr[-1000:]
