@@ -63,9 +63,7 @@ def _threads_now(threads: int | None) -> int:
 def _check(checks: list, name: str, fn):
     try:
         value = fn()
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failed check is a finding, not a crash
-        if isinstance(exc, KeyboardInterrupt):
-            raise
+    except Exception as exc:  # noqa: BLE001 - a failed check is a finding, not a crash
         checks.append({"name": name, "ok": False, "detail": getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"})
         return None
     checks.append({"name": name, "ok": True})
@@ -92,7 +90,10 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
         backend.init()
         from tallow.runtime.devices import devices
 
-        return {"info": backend.build_info(), "devices": [d.__dict__ for d in devices()]}
+        from tallow.runtime.machine import build_facts
+
+        info = {"llama_cpp_python": build_facts()["llama_cpp_python"], "system_info": backend.system_info()}
+        return {"info": info, "devices": [d.__dict__ for d in devices()]}
 
     lib = _check(checks, "llama.cpp", llama) or {"info": {}, "devices": []}
     prof = _check(checks, "calibration", lambda: machine_profile(threads, refresh=recalibrate))

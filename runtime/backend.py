@@ -69,13 +69,6 @@ def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-def build_info() -> dict[str, str]:
-    """What identifies this llama.cpp build: the binding's version and the system info."""
-    from importlib.metadata import version
-
-    return {"llama_cpp_python": version("llama-cpp-python"), "system_info": system_info()}
-
-
 def last_log_error() -> str:
     """The first error llama.cpp logged since the last clear: the cause, not the echo of it."""
     for line in _log_tail:

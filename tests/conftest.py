@@ -42,10 +42,7 @@ def _test_home() -> Path:
 def machine_profile():
     """Calibrate this machine once, before any test: on a CPU whose repack probe fails, the
     one-line notice is said here, not in the middle of a test that reads stderr."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
-    env.update({"TALLOW_HOME": str(_test_home()), "TALLOW_MACHINE_CACHE": str(_test_home() / "machine.json")})
-    subprocess.run([sys.executable, "-m", "tallow.cli", "doctor", "--no-live", "--json"], env=env, capture_output=True,
-                   timeout=600)
+    run_tallow(["doctor", "--no-live", "--json"], home=_test_home(), timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -83,12 +80,17 @@ def default_engine(default_model):
 def run_tallow(args: list[str], *, home: Path, input: bytes | None = b"", env: dict | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh process, as a script would: stdin and stdout are pipes."""
+    return subprocess.run([sys.executable, "-m", "tallow.cli", *args], input=input, capture_output=True,
+                          env=tallow_env(home, env), timeout=timeout)
+
+
+def tallow_env(home: Path, env: dict | None = None) -> dict:
+    """The environment a test runs tallow in: no TALLOW_* of the caller's, this home, no colour."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
     # One machine profile for the whole run: calibration is once per machine, not per test home.
     full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(_test_home() / "machine.json")})
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tallow.cli", *args], input=input, capture_output=True,
-                          env=full_env, timeout=timeout)
+    return full_env
 
 
 def send_file(handler, path: Path, state: dict, head: bool = False) -> None:

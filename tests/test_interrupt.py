@@ -4,24 +4,20 @@ and nothing escapes a ctypes callback; a native crash mid-batch leaves the outpu
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
 
-from conftest import _test_home
+from conftest import tallow_env
 
 PROMPT = " ".join(f"Item {i}: a line of text about the colour of the sky and the sea." for i in range(40))
 
 
 def _start(home, args, env=None):
-    full = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
-    full.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(_test_home() / "machine.json"),
-                 **(env or {})})
     return subprocess.Popen([sys.executable, "-m", "tallow.cli", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tallow_env(home, env))
 
 
 def _wait_for_llama(proc, timeout: float = 30) -> float:
