@@ -27,12 +27,14 @@ def batch(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Take the error records out of the output and run those requests again."),
     offline: o.Offline = False,
 ) -> None:
     """Run every request of a JSONL file, many at once.
 
     Each result line has the id, text, finish reason, usage and timings; a bad line gets an
-    error record and the batch goes on. Running again skips ids already in the output.
+    error record and the batch goes on. Running again skips ids already in the output;
+    requests that failed stay failed (exit 1) until --retry-failed runs them again.
 
     Example: tallow batch questions.jsonl -o answers.jsonl --parallel 8
     """
@@ -46,7 +48,7 @@ def batch(
         raise typer.BadParameter("the output must be a file other than the input", param_hint="--output")
     try:
         total = count_requests(input)
-        done_ids, done_lines = previous_results(output)
+        previous = previous_results(output, retry_failed)
         out = open_output(output)
     except OSError as exc:
         raise TallowError(f"cannot use {exc.filename}: {exc.strerror}") from exc
@@ -59,15 +61,17 @@ def batch(
             stats = BatchStats(total=total)
             with _progress(total) as show:
                 run_batch(sched, read_lines(input), out, Limits(max_tokens=max_tokens, model=name),
-                          done_ids, done_lines, stats, show)
+                          previous, stats, show)
         finally:
             sched.close()
     console = err_console()
-    console.print(f"{stats.done} done, {stats.failed} failed, {stats.skipped} already in {output}; "
-                  f"{stats.completion_tokens} tokens at {stats.tokens_per_s:.1f} tok/s")
-    if stats.failed:
-        raise TallowError(f"{stats.failed} request(s) failed; their error records are in {output}",
-                          "fix those lines and remove their records to run them again")
+    earlier = f"{stats.skipped} already in {output}" + (f", {stats.failed_before} failed earlier" if stats.failed_before else "")
+    console.print(f"{stats.done} done, {stats.failed} failed, {earlier}; "
+                  f"{stats.completion_tokens} tokens at {stats.tokens_per_s:.1f} tok/s", soft_wrap=True)
+    failed = stats.failed + stats.failed_before
+    if failed:
+        raise TallowError(f"{failed} request(s) failed; their error records are in {output}",
+                          f"fix those lines, then run them again: tallow batch {input} -o {output} --retry-failed")
 
 
 @contextlib.contextmanager

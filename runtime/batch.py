@@ -27,7 +27,8 @@ from .types import FinalEvent
 @dataclass
 class BatchStats:
     total: int = 0  # request lines in the input
-    skipped: int = 0  # already in the output
+    skipped: int = 0  # already answered in the output
+    failed_before: int = 0  # whose error record is already in the output (not run again)
     done: int = 0
     failed: int = 0  # error records written this run
     completion_tokens: int = 0
@@ -39,30 +40,51 @@ class BatchStats:
         return self.completion_tokens / elapsed if elapsed > 0 else 0.0
 
 
-def previous_results(out: Path) -> tuple[set[str], set[int]]:
-    """Ids (and, for id-less error records, line numbers) already in `out`. A last line cut
-    short by a kill is removed, so its request runs again and the file stays valid JSONL."""
-    ids: set[str] = set()
-    lines: set[int] = set()
+@dataclass
+class Previous:
+    """What an earlier run left in the output: answered requests and failed ones."""
+
+    ids: set[str] = field(default_factory=set)  # answered
+    failed_ids: set[str] = field(default_factory=set)  # an error record, and no answer since
+    failed_lines: set[int] = field(default_factory=set)  # input lines with an error record
+
+
+def previous_results(out: Path, retry_failed: bool = False) -> Previous:
+    """What `out` already holds. A last line cut short by a kill is removed, so its request
+    runs again and the file stays valid JSONL. With `retry_failed`, error records are taken
+    out of the file (rewritten whole, then renamed over it), so those requests run again."""
+    found = Previous()
     if not out.exists():
-        return ids, lines
+        return found
     with open(out, "rb+") as f:
         data = f.read()
         end = data.rfind(b"\n") + 1
         if end != len(data):
             f.truncate(end)
-    for raw in data[:end].splitlines():
+    kept: list[bytes] = []
+    for raw in data[:end].splitlines(keepends=True):
         try:
             record = json.loads(raw)
         except ValueError:
+            kept.append(raw)
             continue
         if not isinstance(record, dict):
+            kept.append(raw)
             continue
+        failed = "error" in record
+        if failed and retry_failed:
+            continue
+        kept.append(raw)
         if record.get("id") is not None:
-            ids.add(_key(record["id"]))
-        elif isinstance(record.get("line"), int):
-            lines.add(record["line"])
-    return ids, lines
+            (found.failed_ids if failed else found.ids).add(_key(record["id"]))
+        if failed and isinstance(record.get("line"), int):
+            found.failed_lines.add(record["line"])
+    found.failed_ids -= found.ids
+    if retry_failed and len(kept) != len(data[:end].splitlines()):
+        from tallow.models.store import write_atomic
+
+        write_atomic(out, b"".join(kept))
+    return found
 
 
 def _key(value: Any) -> str:
@@ -75,15 +97,16 @@ def count_requests(path: Path) -> int:
 
 
 def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, limits: Limits,
-              done_ids: set[str], done_lines: set[int], stats: BatchStats,
+              previous: Previous, stats: BatchStats,
               on_progress: Callable[[BatchStats], None] = lambda s: None) -> BatchStats:
-    """Run every request of `source` ((line number, text) pairs) not already done, keeping
-    the scheduler's slots full; write a record per request to `out` as each finishes."""
+    """Run every request of `source` ((line number, text) pairs) not already in the output,
+    answered or failed, keeping the scheduler's slots full; write a record per request to
+    `out` as each finishes."""
     engine = sched.engine
     results: queue.Queue = queue.Queue()
     in_flight: dict[int, tuple[Any, Any]] = {}  # line number -> (id, handle)
     window = max(2, len(sched.slots) * 2)  # enough waiting to refill slots, without queueing the file
-    seen: set[str] = set(done_ids)
+    seen: set[str] = set()  # ids met in this input so far
 
     def write(record: dict[str, Any]) -> None:
         out.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -121,23 +144,26 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
                 body = parse_json(text.encode("utf-8"), "the line")
                 rid, body = _id_and_body(body)
                 if _key(rid) in seen:
-                    if _key(rid) in done_ids:
-                        stats.skipped += 1
-                        on_progress(stats)
-                        continue
                     raise APIError(f"the id {_key(rid)} appears twice in the input")
+                seen.add(_key(rid))
+                if _key(rid) in previous.ids or _key(rid) in previous.failed_ids:
+                    if _key(rid) in previous.ids:
+                        stats.skipped += 1
+                    else:
+                        stats.failed_before += 1
+                    on_progress(stats)
+                    continue
                 if body.get("stream"):
                     raise APIError("'stream' has no meaning in a batch", param="stream")
                 parsed = parse_chat(body, limits) if "messages" in body else parse_completion(body, limits)
                 request = to_request(engine, parsed)
             except TallowError as exc:
-                if rid is None and lineno in done_lines:
-                    stats.skipped += 1
+                if lineno in previous.failed_lines:  # said already: not written twice
+                    stats.failed_before += 1
                     on_progress(stats)
                 else:
                     error(lineno, rid, f"line {lineno}: {exc.message}")
                 continue
-            seen.add(_key(rid))
             while len(in_flight) >= window:
                 collect(block=True)
             try:

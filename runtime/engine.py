@@ -143,21 +143,25 @@ class Engine:
     def _load_from_disk(self, run: _Run, prompt: list[int], cached: int) -> int:
         """Load the longest saved prefix that beats what memory holds; returns tokens cached."""
         cache, fp = self._disk
-        entry = cache.lookup(fp, prompt)
-        if entry is None or len(entry.tokens) <= cached + 1 or not cache.verify(entry):
-            return cached
-        self.ctx.seq_rm(_SEQ, 0, -1)
-        self._kv.clear()
-        loaded = self.ctx.load_seq(entry.state_path, _SEQ, len(entry.tokens))
-        if loaded != entry.tokens:  # refused or not what the record says: never use it
+        for entry in cache.lookup(fp, prompt):  # longest first; a damaged one is removed and the next tried
+            if len(entry.tokens) <= cached + 1:
+                break
+            if not cache.verify(entry):
+                continue
             self.ctx.seq_rm(_SEQ, 0, -1)
-            cache.remove(entry)
-            run.usage.cache_source = None
-            return 0
-        self._kv.extend(loaded)
-        cache.touch(entry)
-        run.usage.cache_source = "disk"
-        return min(len(loaded), len(prompt) - 1)
+            self._kv.clear()
+            loaded = self.ctx.load_seq(entry.state_path, _SEQ, len(entry.tokens))
+            if loaded != entry.tokens:  # refused or not what the record says: never use it
+                self.ctx.seq_rm(_SEQ, 0, -1)
+                cache.remove(entry)
+                run.usage.cache_source = None
+                cached = 0  # what memory held is gone with the failed load
+                continue
+            self._kv.extend(loaded)
+            cache.touch(entry)
+            run.usage.cache_source = "disk"
+            return min(len(loaded), len(prompt) - 1)
+        return cached
 
     def save_prompt(self, request: Request) -> int:
         """Save the request's prompt, and its cache points, to the disk cache (after the

@@ -89,14 +89,11 @@ class PromptCache:
                 out += [e for e in (self._read(r) for r in sorted(d.glob("*.json"))) if e is not None]
         return out
 
-    def lookup(self, fp: str, prompt: list[int]) -> Entry | None:
-        """The longest saved prefix of `prompt` (at least min_tokens long)."""
-        best = None
-        for e in self.entries(fp):
-            n = len(e.tokens)
-            if n <= len(prompt) and (best is None or n > len(best.tokens)) and prompt[:n] == e.tokens:
-                best = e
-        return best
+    def lookup(self, fp: str, prompt: list[int]) -> list[Entry]:
+        """Every saved prefix of `prompt`, longest first: when the best turns out damaged
+        (removed by `verify`) or refused by llama.cpp, the caller tries the next."""
+        found = [e for e in self.entries(fp) if len(e.tokens) <= len(prompt) and prompt[:len(e.tokens)] == e.tokens]
+        return sorted(found, key=lambda e: len(e.tokens), reverse=True)
 
     def verify(self, entry: Entry) -> bool:
         """The state file is whole and unaltered; a bad entry is removed."""

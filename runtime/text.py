@@ -14,17 +14,24 @@ class Detokenizer:
     """Turns token pieces (bytes of any length) into text as soon as it is complete UTF-8.
 
     A character split across tokens is held until its last byte arrives; invalid
-    bytes become U+FFFD, as a whole-sequence decode with errors='replace' would.
+    bytes become U+FFFD, as a whole-sequence decode with errors='replace' would. The
+    bytes of a character still unfinished when the answer ends (cut by max_tokens or a
+    stop) are dropped, not turned into U+FFFD: `dropped` counts them.
     """
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.dropped = 0
 
     def push(self, piece: bytes) -> str:
         return self._decoder.decode(piece)
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        # The decoder only ever holds the start of a character that could still be valid
+        # (anything invalid was already replaced), so what it holds now is a cut character.
+        self.dropped += len(self._decoder.getstate()[0])
+        self._decoder.reset()
+        return ""
 
 
 class StopMatcher:

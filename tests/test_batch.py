@@ -56,11 +56,24 @@ def test_results_and_error_records_by_line(synth_model, tmp_path):
     assert "'max_tokens' must be between 1 and" in errors[4]["error"] and errors[4]["id"] == "neg"
     assert "needs an 'id'" in errors[5]["error"]
     assert "appears twice" in errors[8]["error"]
-    # Run again: everything is already there, nothing is added.
+    # Run again: everything is already there, nothing is added, and the failures still count.
     before = out.read_text()
     again = run_tallow(["batch", str(src), "-o", str(out), "--model", str(synth_model)], home=tmp_path)
-    assert again.returncode == 0 and "0 done, 0 failed, 8 already" in again.stderr.decode()
+    err = again.stderr.decode()
+    assert again.returncode == 1 and "0 done, 0 failed, 4 already in" in err and "4 failed earlier" in err
+    assert "4 request(s) failed" in err and "--retry-failed" in err
     assert out.read_text() == before
+    # Fix one line and retry the failed ones: their old error records go, only new ones are written.
+    lines = src.read_text().splitlines()
+    lines[3] = json.dumps({"id": "neg", "messages": msg("x"), "max_tokens": 3})
+    src.write_text("\n".join(lines) + "\n")
+    retry = run_tallow(["batch", str(src), "-o", str(out), "--model", str(synth_model), "--retry-failed"],
+                       home=tmp_path)
+    err = retry.stderr.decode()
+    assert retry.returncode == 1 and "1 done, 3 failed, 4 already in" in err and "earlier" not in err
+    after = records(out)
+    assert sorted(rec["line"] for rec in after if "error" in rec) == [3, 5, 8]
+    assert {rec["id"] for rec in after if "error" not in rec} == {"chat", 2, "openai-style", "schema", "neg"}
 
 
 def test_killed_run_resumes_without_loss_or_duplicates(synth_model, tmp_path):

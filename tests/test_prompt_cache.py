@@ -85,6 +85,28 @@ def test_a_damaged_entry_is_removed_never_loaded(synth_model, tmp_path, damage):
     assert cache.verify(cache.entries()[0])
 
 
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_after_a_damaged_entry_the_next_best_one_is_loaded(synth_model, tmp_path, damage):
+    cache = PromptCache(tmp_path / "cache", 1 << 30, min_tokens=16)
+    system_only = [long_messages("")[0]]
+    with fresh(synth_model, cache) as engine:
+        req = engine.request(long_messages("q"), cache_prefixes=[system_only], max_tokens=4, sampling=WILD)
+        answer(engine, req)
+    longest, shorter = sorted(cache.entries(), key=lambda e: len(e.tokens), reverse=True)
+    data = bytearray(longest.state_path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        del data[len(data) // 2:]
+    longest.state_path.write_bytes(bytes(data))
+    with fresh(synth_model, cache) as engine:
+        final = answer(engine, engine.request(long_messages("q"), max_tokens=4, sampling=WILD))
+    assert final.usage.cache_source == "disk"
+    assert final.usage.cached_tokens == len(shorter.tokens)  # not zero: the shorter entry served
+    assert {len(e.tokens) for e in cache.entries()} == {len(longest.tokens), len(shorter.tokens)}
+    assert all(cache.verify(e) for e in cache.entries())  # the damaged one went, this run saved it anew
+
+
 def test_a_different_context_never_loads_the_state(synth_model, tmp_path):
     cache = PromptCache(tmp_path / "cache", 1 << 30, min_tokens=16)
     with fresh(synth_model, cache, n_ctx=512) as engine:

@@ -68,6 +68,26 @@ def test_changed_linked_file_is_refused(synth_model, tmp_path):
     assert r.returncode == 1 and b"changed since it was imported" in r.stderr
 
 
+def test_linked_file_restored_byte_for_byte_is_accepted(synth_model, tmp_path):
+    home = tmp_path / "home"
+    copy = tmp_path / "mine.gguf"
+    copy.write_bytes(synth_model.read_bytes())
+    assert run_tallow(["import", str(copy), "--link"], home=home).returncode == 0
+    copy.unlink()
+    copy.write_bytes(synth_model.read_bytes())  # restored from a backup: same bytes, new mtime
+    os.utime(copy, ns=(1_000_000_000, 1_000_000_000))
+    r = run_tallow(["run", "mine", "hi", "-n", "2"], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    stored = Store(home / "models").get("mine")
+    assert stored.files[0].mtime_ns == 1_000_000_000  # remembered: the next check hashes nothing
+    # same size, other bytes, new time: the content decides, and it changed
+    data = bytearray(synth_model.read_bytes())
+    data[-1] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    r = run_tallow(["run", "mine", "hi", "-n", "2"], home=home)
+    assert r.returncode == 1 and b"changed since it was imported" in r.stderr
+
+
 def test_import_refuses_a_bad_file_and_stores_nothing(tmp_path):
     home = tmp_path / "home"
     bad = tmp_path / "bad.gguf"
