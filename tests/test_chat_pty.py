@@ -3,53 +3,9 @@
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
-import sys
-import time
 
-
-class Terminal:
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: the pty is its controlling terminal, so ^C is SIGINT
-            os.execve(sys.executable, [sys.executable, "-m", "tallow.cli", *args], env)
-        self.pid, self.fd, self.buf, self.mark = pid, fd, b"", 0
-
-    def read_until(self, pattern: str, timeout: float = 120) -> str:
-        deadline = time.monotonic() + timeout
-        regex = re.compile(pattern.encode())
-        while not regex.search(self.buf, self.mark):
-            left = deadline - time.monotonic()
-            assert left > 0, f"timed out waiting for {pattern!r}; screen so far:\n{self.buf[self.mark:].decode(errors='replace')}"
-            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
-            if ready:
-                try:
-                    self.buf += os.read(self.fd, 65536)
-                except OSError:
-                    break
-        m = regex.search(self.buf, self.mark)
-        assert m, f"{pattern!r} never appeared"
-        seen, self.mark = self.buf[self.mark:m.end()].decode(errors="replace"), m.end()
-        return seen
-
-    def send(self, text: str) -> None:
-        os.write(self.fd, text.encode())
-
-    def wait(self, timeout: float = 60) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                return os.waitstatus_to_exitcode(status)
-            try:
-                if select.select([self.fd], [], [], 0.2)[0]:
-                    self.buf += os.read(self.fd, 65536)
-            except OSError:
-                pass
-        os.kill(self.pid, 9)
-        raise AssertionError("the chat did not exit")
+from terminal import Terminal
 
 
 def test_chat_turns_commands_ctrl_c_and_on(default_home):

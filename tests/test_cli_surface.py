@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import run_tallow
-from test_chat_pty import Terminal
+from terminal import Terminal
 
 
 def all_commands() -> list[list[str]]:
