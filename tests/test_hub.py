@@ -222,3 +222,42 @@ def test_reference_normalization():
     assert parse_ref("Org/Repo-GGUF").name == "Org/Repo-GGUF:latest"
     assert parse_ref("Org/Repo-GGUF/file-Q8_0.gguf") == HubRef("Org/Repo-GGUF", None, "file-Q8_0.gguf",
                                                                "Org/Repo-GGUF/file-Q8_0.gguf:latest")
+
+
+def test_an_unreachable_hub_is_one_error_at_once_without_retries(tmp_path):
+    """No route to the hub: one connection attempt, two lines (error and hint), no retry noise."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    attempts = []
+    stop = threading.Event()
+
+    def reset_every_connection() -> None:  # a dead link: accept, then drop the connection
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            attempts.append(1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            conn.close()
+
+    thread = threading.Thread(target=reset_every_connection, daemon=True)
+    thread.start()
+    home = tmp_path / "home"
+    try:
+        r = run_tallow(["pull", "Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M"], home=home,
+                       env={"HF_ENDPOINT": f"http://127.0.0.1:{listener.getsockname()[1]}"})
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    lines = r.stderr.decode().splitlines()
+    assert r.returncode == 1
+    assert len(lines) == 2 and lines[0].startswith("error: cannot reach the hub at http://127.0.0.1:"), lines
+    assert lines[1].startswith("hint: set HF_ENDPOINT to a mirror") and "tallow import" in lines[1]
+    assert len(attempts) == 1  # not five retries with backoff
