@@ -12,7 +12,7 @@ from . import options as o
 from . import settings
 from .history_cmds import log_turn, open_history
 from .models import open_model
-from .render import err_console, out_console, stats_line
+from .render import err_console, out_console, stats_line, stderr_is_terminal
 
 HELP = """commands:
   /help                 this list
@@ -49,6 +49,8 @@ def chat(
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
+    stats: o.Stats = False,
+    quiet: o.Quiet = False,
     offline: o.Offline = False,
 ) -> None:
     """Chat with a model, reusing the cache turn after turn.
@@ -62,10 +64,12 @@ def chat(
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw)
     name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
-        repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log))
+        repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
+             show_stats=not quiet and (stats or stderr_is_terminal()))
 
 
-def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None) -> None:
+def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None,
+         show_stats: bool = True) -> None:
     import readline  # noqa: F401 - gives input() line editing and arrow-key history
 
     from tallow.runtime.history import History
@@ -91,7 +95,7 @@ def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str |
             if result == "clear":
                 cid = History.new_conversation_id()
             continue
-        final = _answer(conv, text, hide_thinking)
+        final = _answer(conv, text, hide_thinking, show_stats)
         if final is not None:
             log_turn(history, cid, name, conv.system, text, final)
 
@@ -107,7 +111,7 @@ def _read_message() -> str:
     return "\n".join(lines).strip("\n")
 
 
-def _answer(conv: Conversation, text: str, hide_thinking: bool) -> FinalEvent | None:
+def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool) -> FinalEvent | None:
     out, err = out_console(), err_console()
     events = conv.ask(text)
     final = None
@@ -135,7 +139,8 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool) -> FinalEvent | 
         out.print(" [interrupted]", style="dim", end="", markup=False)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    err.print(stats_line(final), style="dim", soft_wrap=True)
+    if show_stats:  # as for run: on a terminal, or with --stats
+        err.print(stats_line(final), style="dim", soft_wrap=True)
     return final
 
 
@@ -183,12 +188,17 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
         if not _SAVE_NAME.match(arg):
             say(f"error: {cmd} needs a NAME of letters, digits, '.', '_' or '-'", soft_wrap=True)
             return None
-        path = settings.conversations_dir() / f"{arg}.json"
+        folder = settings.conversations_dir()
+        path = folder / f"{arg}.json"
         try:
             conv.save(path) if cmd == "/save" else conv.load(path)
             say(f"{'saved to' if cmd == '/save' else 'loaded'} {path}", style="dim", soft_wrap=True)
+        except FileNotFoundError:
+            saved = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+            say(f"error: no saved conversation {arg!r}\nhint: " + (f"saved ones: {', '.join(saved)}" if saved else
+                "none is saved yet: /save NAME keeps this one"), markup=False, soft_wrap=True)
         except (OSError, ValueError) as exc:
-            say(f"error: {exc}", soft_wrap=True)
+            say(f"error: cannot {cmd[1:]} {path}: {getattr(exc, 'strerror', None) or exc}", markup=False, soft_wrap=True)
     else:
         say(f"unknown command {cmd}; /help lists them", soft_wrap=True)
     return None

@@ -65,10 +65,11 @@ def prompt_cache():
 
 
 def _say_fit(engine) -> None:
-    if engine.fit_note:  # the default context was shrunk to fit
-        from .render import err_console
+    """The engine's notes on its load: a context shrunk to fit, rounded, or past the trained length."""
+    from .render import err_console
 
-        err_console().print(f"note: {engine.fit_note}", soft_wrap=True)
+    for note in engine.notes:
+        err_console().print(f"note: {note}", soft_wrap=True, markup=False)
 
 
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):

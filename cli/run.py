@@ -52,8 +52,8 @@ def run(
     raw: o.Raw = False,
     offline: o.Offline = False,
     as_json: o.Json = False,
-    stats: bool = typer.Option(False, "--stats", help="Print the stats line even when stderr is not a terminal."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Never print the stats line."),
+    stats: o.Stats = False,
+    quiet: o.Quiet = False,
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
@@ -84,7 +84,8 @@ def run(
             from .chat import repl
 
             conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw), system, earlier)
-            return repl(conv, name, hide_thinking, history, conversation_id)
+            return repl(conv, name, hide_thinking, history, conversation_id,
+                        show_stats=not quiet and (stats or stderr_is_terminal()))
         head = ([{"role": "system", "content": system}] if system else []) + earlier
         messages = head + [{"role": "user", "content": text}]
         # Prefixes worth keeping on disk: the system prompt and history, and a piped document.

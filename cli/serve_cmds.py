@@ -84,4 +84,10 @@ def _run_uvicorn(app, sock: socket.socket) -> None:
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if server.should_exit:
+        # uvicorn takes Ctrl-C itself and returns after a graceful shutdown (newer versions
+        # raise the signal again afterwards, older ones do not): either way it is an
+        # interrupt, exit 130, as for every other command.
+        raise KeyboardInterrupt

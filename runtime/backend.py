@@ -201,6 +201,12 @@ class Model:
             self._eog = tuple(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t))
         return self._eog
 
+    def meta(self, key: str) -> str | None:
+        """A metadata value of the GGUF as llama.cpp reads it, as text (None when absent)."""
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode("utf-8"), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
     def close(self) -> None:
         if self.ptr:
             C.llama_model_free(self.ptr)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ContextOverflow
-from .loadplan import choose_flash_attn, default_context, extra_buffers, gpu_layer_count, plan_memory, read_shape
+from .loadplan import (choose_flash_attn, context_notes, default_context, extra_buffers, gpu_layer_count, plan_memory,
+                       read_shape)
 from .threads import Governor, Registry, physical_cores
 from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, reasoning_markers
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
@@ -66,6 +67,10 @@ class Engine:
             raise
         self.n_ctx = self.ctx.n_ctx
         self.n_batch = self.ctx.n_batch
+        # what the user should hear about this load: a context shrunk to fit, rounded, too long
+        self.notes = [self.fit_note] if self.fit_note else []
+        self.notes += context_notes(settings.n_ctx, self.n_ctx, settings.n_seq_max, self.model.n_ctx_train,
+                                    self.model.meta)
         self._kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
         self._template = None
         self._settings = settings

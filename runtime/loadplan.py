@@ -105,3 +105,28 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     except TallowError as exc:
         problem = exc
     return MemoryPlan(n_ctx, layers, est, ram, note, problem, settings.flash_attn, extra_buffers(settings))
+
+
+CTX_ROUNDING = 256  # llama.cpp allocates a context in steps of this many cells
+
+
+def context_notes(requested: int | None, n_ctx: int, n_seq: int, n_ctx_train: int, meta) -> list[str]:
+    """One-line notes on the context a load got: a --ctx that llama.cpp rounded, and a context
+    longer than the model was trained for (what its RoPE scaling, if any, does about it).
+    `meta(key)` reads the model's metadata."""
+    notes = []
+    if requested and n_ctx != requested:
+        notes.append(f"context {n_ctx}, not {requested}: llama.cpp allocates the context in steps of "
+                     f"{CTX_ROUNDING} cells (at least {CTX_ROUNDING})")
+    per_seq = n_ctx // max(1, n_seq)
+    if requested and n_ctx_train and per_seq > n_ctx_train:
+        arch = meta("general.architecture") or "llama"
+        scaling = meta(f"{arch}.rope.scaling.type")
+        factor = meta(f"{arch}.rope.scaling.factor")
+        if scaling and scaling != "none":
+            how = f"its RoPE scaling ({scaling}" + (f", factor {float(factor):g}" if factor else "") + ") is meant to stretch it"
+        else:
+            how = (f"it has no RoPE scaling, so positions past {n_ctx_train} are ones it never saw: "
+                   "expect answers to degrade there")
+        notes.append(f"context {per_seq} is longer than the {n_ctx_train} tokens this model was trained on; {how}")
+    return notes

@@ -131,3 +131,19 @@ def test_hide_thinking_shows_only_the_answer(capsys):
     hidden = io.StringIO()
     _show(Console(file=hidden, color_system=None), "answer", "private reasoning", hide_thinking=True)
     assert hidden.getvalue() == "" and capsys.readouterr().out == "answer"
+
+
+def test_chat_through_pipes_has_no_stats_line_unless_asked_and_load_errors_have_a_hint(synth_model, tmp_path):
+    from conftest import run_tallow
+
+    script = b"hello\n/load nosuch\n/save kept\n/load nosuch\n/bye\n"
+    plain = run_tallow(["chat", str(synth_model), "--max-tokens", "3", "--no-log"], home=tmp_path, input=script)
+    err = plain.stderr.decode()
+    assert plain.returncode == 0, err
+    assert "TTFT" not in err  # stderr is a pipe: no stats line, as for run
+    assert "error: no saved conversation 'nosuch'" in err and "[Errno" not in err
+    assert "hint: none is saved yet: /save NAME keeps this one" in err
+    assert "hint: saved ones: kept" in err  # after /save, the hint lists what there is
+    forced = run_tallow(["chat", str(synth_model), "--max-tokens", "3", "--no-log", "--stats"], home=tmp_path,
+                        input=b"hello\n/bye\n")
+    assert forced.returncode == 0 and "TTFT" in forced.stderr.decode()

@@ -89,3 +89,34 @@ def test_a_native_crash_mid_batch_leaves_a_resumable_output(default_home, tmp_pa
     ids = [r["id"] for r in records]
     assert sorted(ids) == sorted(x["id"] for x in lines)  # each once: none lost, none twice
     assert not [r for r in records if "error" in r]
+
+
+def test_ctrl_c_stops_serve_with_130_idle_and_mid_answer(synth_model, tmp_path):
+    import re
+    import threading
+    import urllib.request
+
+    for busy in (False, True):
+        proc = _start(tmp_path, ["serve", str(synth_model), "--port", "0", "--parallel", "1"])
+        line = proc.stderr.readline().decode()
+        port = int(re.search(r":(\d+) \(", line).group(1))
+        if busy:  # a long answer streaming when Ctrl-C comes
+            body = json.dumps({"prompt": "once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            got = threading.Event()
+
+            def client():
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as resp:
+                        resp.readline()
+                        got.set()
+                        resp.read()
+                except OSError:
+                    pass
+
+            threading.Thread(target=client, daemon=True).start()
+            assert got.wait(60), "the stream never started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, (busy, proc.returncode, err.decode())
