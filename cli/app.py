@@ -100,8 +100,10 @@ def main() -> None:
 def run_app(argv: list[str]) -> int:
     """Run the app and return its exit code; a usage error (a bad flag or value, a missing
     argument) is one line and a hint, like every other error, not a usage block."""
+    from . import errors
     from .errors import EXIT_INTERRUPTED, EXIT_USAGE
 
+    errors.invocation[:] = argv
     try:
         rv = app(argv, prog_name="tallow", standalone_mode=False)
     except typer.Exit as exc:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import shlex
 import sys
 import traceback
 from typing import Callable
 
 import typer
 
-from tallow.models.errors import TallowError
+from tallow.models.errors import ModelNotFound, TallowError
 
 from . import settings
 
@@ -26,6 +28,25 @@ def _say(message: str, hint: str | None) -> None:
     sys.stderr.flush()
 
 
+# The arguments of this invocation (set by app.run_app), so a hint can repeat the command.
+invocation: list[str] = []
+
+_OS_HINTS = {errno.ENOENT: "check the path", errno.EACCES: "check its permissions", errno.EPERM: "check its permissions",
+             errno.ENOSPC: "free some disk space", errno.EISDIR: "give a file, not a folder",
+             errno.ENOTDIR: "a folder in the path is a file"}
+
+
+def _retry_hint(exc: ModelNotFound) -> str | None:
+    """For a stored model the user may have meant: the same command with that name."""
+    if not (exc.stored and exc.suggestion):
+        return exc.hint
+    args = list(invocation)
+    if exc.typed in args:
+        args[args.index(exc.typed)] = exc.suggestion
+        return "Try: " + shlex.join(["tallow", *args])
+    return f"Try: tallow run {exc.suggestion}"
+
+
 def report(exc: BaseException) -> int:
     """Print `exc` for a user and return the exit code."""
     if settings.debug():
@@ -33,6 +54,9 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED
+    if isinstance(exc, ModelNotFound):
+        _say(exc.message, _retry_hint(exc))
+        return exc.exit_code
     if isinstance(exc, TallowError):
         _say(exc.message, exc.hint)
         return exc.exit_code
@@ -43,7 +67,7 @@ def report(exc: BaseException) -> int:
         name = str(exc.filename) if exc.filename else ""
         if len(name) > 80:  # a huge argument stays one readable line
             name = name[:80] + "..."
-        _say(f"{exc.strerror or exc}" + (f": {name}" if name else ""), None)
+        _say(f"{name}: {exc.strerror or exc}" if name else f"{exc.strerror or exc}", _OS_HINTS.get(exc.errno))
         return EXIT_ERROR
     _say(f"unexpected {type(exc).__name__}: {exc}", "run again with TALLOW_DEBUG=1 for the traceback, and report it")
     return EXIT_ERROR

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import Optional
 
@@ -72,10 +73,16 @@ def _listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+    except socket.gaierror as exc:
+        sock.close()
+        raise TallowError(f"cannot listen on {host}: {exc.strerror or exc}", "give --host an IP address") from exc
     except OSError as exc:
         sock.close()
-        raise TallowError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                          "pick another --port, or stop what uses it") from exc
+        hint = {errno.EADDRINUSE: "pick another --port, or stop what uses it",
+                errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: use 127.0.0.1, 0.0.0.0 (every "
+                                     "interface) or one of its own addresses",
+                errno.EACCES: "ports below 1024 need privileges: pick a --port above 1023"}.get(exc.errno)
+        raise TallowError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", hint) from exc
     sock.listen(128)
     return sock
 

@@ -15,7 +15,13 @@ class TallowError(Exception):
 
 
 class ModelNotFound(TallowError):
-    pass
+    """`typed` is the name as given; `suggestion` a name the user may have meant, and
+    `stored` whether it is in the store (then the same command can simply be run with it)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, typed: str | None = None,
+                 suggestion: str | None = None, stored: bool = False) -> None:
+        super().__init__(message, hint)
+        self.typed, self.suggestion, self.stored = typed, suggestion, stored
 
 
 class InvalidName(TallowError):

@@ -41,15 +41,22 @@ def locate(text: str, store: Store) -> LocalModel | HubRef | PackagedModel:
     if manifest is not None:
         return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
     if isinstance(ref, NameRef):
-        stored = stored_names(store)
-        near = near_names(text, [*stored, *CATALOG])
-        if near:
-            pullable = [n for n in near if n not in stored]
-            raise ModelNotFound(f"model {shown(text)} not found; did you mean {' or '.join(near[:3])}?",
-                                f"Try: tallow pull {pullable[0]}" if pullable else f"Try: tallow run {near[0]}")
-        raise ModelNotFound(f"model {shown(text)} not found",
-                            f"pull it first (tallow pull ORG/REPO:QUANT), or try one of: {', '.join(sorted(CATALOG))}")
+        raise not_found(text, stored_names(store))
     return ref
+
+
+def not_found(text: str, stored: list[str]) -> ModelNotFound:
+    """The error for a name that is neither stored nor known: stored names it may mean come
+    first (they need no download), then the catalog's. The CLI words the hint for the command
+    that was run (`cli/errors.py`)."""
+    near = near_names(text, stored) + [n for n in near_names(text, list(CATALOG)) if n not in stored]
+    if near:
+        first = near[0]
+        return ModelNotFound(f"model {shown(text)} not found; did you mean {' or '.join(near[:3])}?",
+                             f"Try: tallow pull {first}" if first not in stored else None,
+                             typed=text, suggestion=first, stored=first in stored)
+    return ModelNotFound(f"model {shown(text)} not found",
+                         f"name a hub model (ORG/REPO:QUANT) or one of: {', '.join(sorted(CATALOG))}", typed=text)
 
 
 def stored_names(store: Store) -> list[str]:

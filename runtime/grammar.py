@@ -92,9 +92,10 @@ def load_schema(text: str) -> dict[str, Any]:
     try:
         schema = json.loads(text)
     except ValueError as exc:
-        raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from exc
+        raise GrammarError(f"the JSON schema is not valid JSON: {exc}",
+                           "give a schema file's path, or the schema itself, e.g. '{\"type\": \"object\"}'") from exc
     if not isinstance(schema, (dict, bool)):
-        raise GrammarError("a JSON schema must be an object")
+        raise GrammarError("a JSON schema must be an object", "e.g. '{\"type\": \"object\"}'")
     from jsonschema import SchemaError
     from jsonschema.validators import validator_for
 

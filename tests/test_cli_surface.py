@@ -60,7 +60,31 @@ def test_near_miss_names_get_a_did_you_mean(synth_model, tmp_path):
     r = run_tallow(["rm", "synty:tiny"], home=tmp_path)
     assert r.returncode == 1 and "is not stored; did you mean synthy:tiny?" in r.stderr.decode()
     r = run_tallow(["run", "zzzz", "hi", "--offline"], home=tmp_path)
-    assert "did you mean" not in r.stderr.decode() and "try one of" in r.stderr.decode()
+    assert "did you mean" not in r.stderr.decode() and "name a hub model (ORG/REPO:QUANT) or one of:" in r.stderr.decode()
+
+
+def test_hints_point_the_right_way(synth_model, tmp_path):
+    """A stored near-miss comes first and the hint repeats the command that was run; a pull
+    is never told to pull first; every error has a hint line."""
+    assert run_tallow(["import", str(synth_model), "--name", "smollm2:135m"], home=tmp_path).returncode == 0
+
+    def lines(args):
+        r = run_tallow(args, home=tmp_path)
+        assert r.returncode in (1, 2), (args, r.returncode)
+        return r.stderr.decode().splitlines()
+
+    assert lines(["run", "smollm", "hi there", "--offline"]) == [
+        "error: model 'smollm' not found; did you mean smollm2:135m or smollm2:1.7b?",
+        "hint: Try: tallow run smollm2:135m 'hi there' --offline"]
+    assert lines(["eval", "smollm2:135m-q", "smollm2:135m"])[1] == "hint: Try: tallow eval smollm2:135m smollm2:135m"
+    pull = lines(["pull", "nonsense", "--offline"])
+    assert "pull it first" not in pull[1] and pull[1].startswith("hint: name a hub model")
+    serve = lines(["serve", str(synth_model), "--host", "192.0.2.1", "--api-key", "k"])  # bind only: nothing is sent
+    assert serve[0].startswith("error: cannot listen on 192.0.2.1:8080") and "not an address of this machine" in serve[1]
+    schema = lines(["run", str(synth_model), "hi", "--json-schema", "{bad"])
+    assert schema[0].startswith("error: the JSON schema is not valid JSON") and schema[1].startswith("hint: give a schema")
+    text = lines(["eval", str(synth_model), "--text", str(tmp_path / "nosuch.txt")])
+    assert text == [f"error: {tmp_path / 'nosuch.txt'}: No such file or directory", "hint: check the path"]
 
 
 def _screen(args: list[str], home, **env_extra) -> str:
