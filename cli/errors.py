@@ -19,6 +19,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a C program whose reader left
 
 
 def _say(message: str, hint: str | None) -> None:
@@ -60,6 +61,14 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, TallowError):
         _say(exc.message, exc.hint)
         return exc.exit_code
+    if isinstance(exc, BrokenPipeError):  # the reader left (`tallow list | head`): say nothing, as C tools do
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        except OSError:
+            pass
+        return EXIT_BROKEN_PIPE
     if isinstance(exc, MemoryError):
         _say("out of memory", "try a smaller --ctx or a smaller model")
         return EXIT_ERROR

@@ -39,7 +39,7 @@ def quantize(
     output_tensor_type: Optional[str] = typer.Option(None, "--output-tensor-type", help="The type of output.weight.", show_default=False),
     token_embedding_type: Optional[str] = typer.Option(None, "--token-embedding-type", help="The type of token_embd.weight.", show_default=False),
     threads: o.Threads = None,
-    list_types: bool = typer.Option(False, "--list", help="List every type with its bits per weight, and exit."),
+    list_types: bool = typer.Option(False, "--list", help="List every type with its bits per weight (with MODEL: the size each would give it), and exit."),
     report: bool = typer.Option(False, "--report", help="Then measure the result against the source (the trade-off table)."),
     offline: o.Offline = False,
 ) -> None:
@@ -49,12 +49,8 @@ def quantize(
 
     Example: tallow quantize ./model-f16.gguf --type Q4_K_M --name mymodel:q4
     """
-    from tallow.quantize.types import TYPES
-
     if list_types:
-        for t in TYPES:
-            flag = "  (needs --imatrix)" if t.needs_imatrix else ""
-            sys.stdout.write(f"{t.name:<8} {t.bits_per_weight:5.2f} bpw  {t.note}{flag}\n")
+        _list_types(find_model(model, offline=offline) if model else None)
         return
     if model is None or type_ is None:
         raise typer.BadParameter("give a MODEL and --type (or --list)", param_hint="MODEL/--type")
@@ -79,6 +75,33 @@ def quantize(
         results = _with_eval_progress(lambda progress: compare_models(
             [source, result], o.load_settings(512, threads, "auto", "auto"), None, 512, None, True, True, progress))
         _print_results(results, as_json=False, table=True)
+
+
+def _list_types(source) -> None:
+    """Every type: its block format's bits, a whole file's bits per weight (llama.cpp's figures
+    for an 8B model), and with a model, the size and bits each type would give that model."""
+    from tallow.quantize.types import TYPES
+
+    sizes = {}
+    if source is not None:
+        from tallow.quantize.run import type_sizes
+
+        sizes = type_sizes(source)
+        sys.stdout.write(f"{'TYPE':<8} {'SIZE':>9} {'BPW':>5}  {'BLOCK':>5}  ABOUT  ({source.name})\n")
+    else:
+        sys.stdout.write(f"{'TYPE':<8} {'BPW 8B':>6}  {'BLOCK':>5}  ABOUT\n")
+    for t in TYPES:
+        flag = " (needs --imatrix)" if t.needs_imatrix and "needs an imatrix" not in t.note else ""
+        if source is None:
+            sys.stdout.write(f"{t.name:<8} {t.typical_bpw:6.2f}  {t.block_bits:5.2f}  {t.note}{flag}\n")
+            continue
+        size, bpw = sizes.get(t.name, (None, None))
+        shown = (f"{human_bytes(size):>9} {bpw:5.2f}" if size and bpw else f"{'-':>9} {'-':>5}")
+        sys.stdout.write(f"{t.name:<8} {shown}  {t.block_bits:5.2f}  {t.note}{flag}\n")
+    if source is None:
+        sys.stdout.write("BPW 8B: a whole file's bits per weight, mix included (llama.cpp's sizes for Llama-3-8B; "
+                         "nominal for IQ/TQ types); BLOCK: the main tensor format alone. "
+                         "With a MODEL: the size each type would give it.\n")
 
 
 def _with_progress(work, label: str):

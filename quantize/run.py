@@ -58,7 +58,7 @@ def _plan(source: LocalModel, opts: QuantizeOptions):
 
 def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_progress: ProgressFn | None = None) -> Manifest:
     qt, info = _plan(source, opts)
-    estimate = int(info.n_params * max(qt.bits_per_weight, 4.0) / 8 * 1.15) + (1 << 20)
+    estimate = int(info.n_params * max(qt.block_bits, 4.0) / 8 * 1.15) + (1 << 20)
     check_disk(store, estimate, f"the {qt.name} file", opts.free_space)
     try:
         output = store.temp_file(f".{qt.name}.gguf.partial")
@@ -81,6 +81,37 @@ def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_p
                         None, gguf_facts([result]))
     store.commit(manifest)
     return manifest
+
+
+def type_sizes(source: LocalModel) -> dict[str, tuple[int | None, float | None]]:
+    """What the file would weigh in each type, and its bits per weight (the whole file, as
+    `tallow eval` counts them), for this model: llama.cpp's dry run in the child plans every
+    tensor as a real run would and writes nothing. None where llama.cpp refuses the type."""
+    from .types import TYPES
+
+    if len(source.paths) > 1:
+        raise QuantizeError(f"{source.name} is split into {len(source.paths)} files; tallow quantizes single-file models")
+    info = read_gguf(source.path)  # bounded checks before llama.cpp sees the file
+    by_ftype = {t.ftype: t.name for t in TYPES}
+    args = {"source": str(source.path), "output": "/dev/null", "sizes": list(by_ftype)}
+    proc = subprocess.run([sys.executable, "-m", "tallow.quantize.worker", json.dumps(args)], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=600)
+    found = {}
+    for line in proc.stdout.splitlines():
+        try:
+            msg = json.loads(line)
+            if not msg["bytes"]:
+                found[by_ftype[msg["ftype"]]] = (None, None)
+                continue
+            # llama.cpp counts tensor data; the file also holds the header (metadata, vocabulary)
+            size = msg["bytes"] + info.data_offset
+            found[by_ftype[msg["ftype"]]] = (size, size * 8 / info.n_params if info.n_params else None)
+        except (ValueError, KeyError, TypeError):
+            continue
+    if proc.returncode != 0 and not found:
+        raise QuantizeError(f"llama.cpp could not plan the quantization of {source.name} (code {proc.returncode})",
+                            "check that the file loads: tallow show MODEL")
+    return found
 
 
 def _run_worker(source: LocalModel, output: Path, qt, opts: QuantizeOptions, on_progress: ProgressFn | None) -> None:

@@ -16,6 +16,8 @@ import re
 import sys
 
 _PROGRESS = re.compile(r"\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
+_QUANT_SIZE = re.compile(r"quant size\s*=\s*([\d.]+) MiB \(([\d.]+) BPW\)")
+_SIZES: list[tuple[float, float]] = []  # (MiB, bits per weight) of each "quant size" llama.cpp logs
 
 
 def main() -> int:
@@ -29,7 +31,12 @@ def main() -> int:
     def log(level, text, user_data):
         line = (text or b"").decode("utf-8", "replace")
         m = _PROGRESS.search(line)
-        if m:
+        size = _QUANT_SIZE.search(line)
+        if size:
+            _SIZES.append((float(size.group(1)), float(size.group(2))))
+        elif args.get("sizes"):
+            pass  # a dry run reports sizes only
+        elif m:
             out.write(json.dumps({"done": int(m.group(1)), "total": int(m.group(2)), "tensor": m.group(3)}) + "\n")
             out.flush()
         elif level == 3 or "error" in line.lower() or "failed" in line.lower():
@@ -37,6 +44,8 @@ def main() -> int:
 
     C.llama_log_set(log, ctypes.c_void_p(0))
     C.llama_backend_init()
+    if args.get("sizes"):
+        return dry_runs(C, args)
     params = C.llama_model_quantize_default_params()
     params.nthread = args["threads"]
     params.ftype = args["ftype"]
@@ -64,6 +73,21 @@ def main() -> int:
         out.write(json.dumps({"error": errors[-1] if errors else f"llama_model_quantize returned {rc}"}) + "\n")
         out.flush()
         return 1
+    return 0
+
+
+def dry_runs(C, args) -> int:
+    """The size each file type would give this model, from llama.cpp's dry run (it plans
+    every tensor's type as a real run would, and writes nothing): one line per type."""
+    for ftype in args["sizes"]:
+        params = C.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.dry_run = ftype, True, True
+        before = len(_SIZES)
+        rc = C.llama_model_quantize(args["source"].encode(), args["output"].encode(), ctypes.byref(params))
+        found = _SIZES[before:] if rc == 0 else []
+        mib, bpw = found[-1] if found else (None, None)
+        sys.stdout.write(json.dumps({"ftype": ftype, "bytes": int(mib * (1 << 20)) if mib else None, "bpw": bpw}) + "\n")
+        sys.stdout.flush()
     return 0
 
 

@@ -163,9 +163,36 @@ def test_a_crashing_quantization_leaves_nothing(f16_model, tmp_path, monkeypatch
     assert [p for p in store.tmp.iterdir()] == [] and store.get("x:q8") is None
 
 
-def test_type_list():
+def _rows(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in text.splitlines()[1:] if line[:1].isupper() and " " in line}
+
+
+def test_type_list_shows_the_mixes_not_only_the_block_format():
     out = run_tallow(["quantize", "--list"], home=_test_home()).stdout.decode()
-    assert "Q4_K_M" in out and "4.50 bpw" in out and "IQ2_XS" in out and "needs --imatrix" in out
+    rows = _rows(out)
+    bpw = {name: float(r[1]) for name, r in rows.items() if name in ("Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ2_M")}
+    assert bpw["Q4_K_M"] > bpw["Q4_K_S"] and bpw["Q3_K_L"] > bpw["Q3_K_M"] > bpw["Q3_K_S"]  # mixes differ
+    assert bpw["IQ2_M"] == 2.7 and "2.7-bit" in " ".join(rows["IQ2_M"])  # the figure agrees with the words
+    assert float(rows["Q4_K_M"][2]) == float(rows["Q4_K_S"][2]) == 4.5  # the shared block format, said apart
+    assert "needs an imatrix" in " ".join(rows["IQ2_XS"]) and "(needs --imatrix)" not in " ".join(rows["IQ2_XS"])
+
+
+def test_type_list_for_a_model_gives_the_sizes_it_would_have(f16_model, tmp_path):
+    r = run_tallow(["quantize", str(f16_model), "--list"], home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = _rows(r.stdout.decode())
+    assert not list(tmp_path.rglob("*.gguf*"))  # a dry run: nothing written
+    # llama.cpp's own plan of every tensor; the real Q8_0 file made the same way weighs the same
+    q8 = tmp_path / "q8"
+    made = run_tallow(["quantize", str(f16_model), "--type", "Q8_0", "--name", "s:q8"], home=q8, timeout=600)
+    assert made.returncode == 0, made.stderr.decode()
+    size = Store(q8 / "models").get("s:q8").size
+    shown = rows["Q8_0"][1] + " " + rows["Q8_0"][2]
+    from tallow.models.memory import human
+
+    assert abs(float(rows["Q8_0"][1]) - size / 1e6) < 0.2, (shown, size)  # to the tensors' rounding in MiB
+    assert shown == human(size) or rows["Q8_0"][2] == "MB"
+    assert float(rows["Q4_K_M"][3]) > float(rows["Q4_K_S"][3])  # bits per weight of the mixes, for this model
 
 
 def test_imatrix_enables_the_types_that_need_one(f16_model, tmp_path):
