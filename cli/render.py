@@ -55,9 +55,15 @@ def fetch_progress(title: str, verb: str = "pulling") -> Iterator[Callable[[str,
         yield line
         return
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.table import Column
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    # One line at any width: the name gives way (cut with an ellipsis) and the bar shrinks,
+    # the figures never do; without this a long name wrapped the bar onto two lines.
+    fixed = lambda: Column(no_wrap=True)  # noqa: E731
+    columns = (TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+               BarColumn(bar_width=None, table_column=Column(ratio=1)), DownloadColumn(table_column=fixed()),
+               TransferSpeedColumn(table_column=fixed()), TimeRemainingColumn(table_column=fixed()))
+    with Progress(*columns, console=console, transient=True, expand=True) as progress:
         tasks: dict[str, int] = {}
 
         def update(label: str, done: int, total: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -261,3 +262,23 @@ def test_an_unreachable_hub_is_one_error_at_once_without_retries(tmp_path):
     assert len(lines) == 2 and lines[0].startswith("error: cannot reach the hub at http://127.0.0.1:"), lines
     assert lines[1].startswith("hint: set HF_ENDPOINT to a mirror") and "tallow import" in lines[1]
     assert len(attempts) == 1  # not five retries with backoff
+
+
+def test_the_pull_progress_bar_stays_on_one_line_in_80_columns(fake_hub, synth_model, tmp_path):
+    from conftest import tallow_env
+    from terminal import Terminal, plain
+
+    repo = "tallow-test/A-Rather-Long-Repository-Name-Instruct-GGUF"
+    fake_hub.add(repo, "a-rather-long-repository-name-instruct-q4_k_m.gguf", synth_model)
+    fake_hub.mode = "slow"
+    env = tallow_env(tmp_path / "home", {"HF_ENDPOINT": fake_hub.url, "TERM": "xterm"})
+    env.pop("NO_COLOR")  # a terminal that allows a live bar
+    term = Terminal(["pull", f"{repo}:Q4_K_M"], env, columns=80)
+    assert term.wait(120) == 0, term.buf.decode(errors="replace")
+    # Every frame Rich drew: cursor movements and line erases split them into lines.
+    frames = [f for f in re.split(r"\x1b\[\d*[AKG]|\r|\n", term.buf.decode(errors="replace"))]
+    shown = [plain(f) for f in frames if plain(f).strip()]
+    bars = [f for f in shown if "kB" in f and "━" in f]
+    assert bars, shown  # the bar was drawn
+    assert all(len(f) <= 80 for f in shown), [f for f in shown if len(f) > 80]
+    assert all(re.search(r" \d+\.\d/443\.5 kB ", f) for f in bars), bars  # the figures are never cut
