@@ -8,6 +8,7 @@ from datetime import datetime
 
 import typer
 
+from . import options as o
 from .errors import guarded
 from .models import prompt_cache
 from .render import err_console, human_bytes
@@ -15,7 +16,7 @@ from .render import err_console, human_bytes
 cache_app = typer.Typer(help="The prompt cache on disk: KV states of prompt prefixes.", no_args_is_help=True)
 
 
-def ls(as_json: bool = typer.Option(False, "--json", help="Print a JSON array.")) -> None:
+def ls(as_json: o.JsonList = False) -> None:
     """List cached prompt prefixes, most recently used first.
 
     Example: tallow cache ls
@@ -31,7 +32,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print a JSON array.")
                          f"last used {r['last_used'].replace('T', ' ')}\n")
 
 
-def stats(as_json: bool = typer.Option(False, "--json", help="Print a JSON object.")) -> None:
+def stats(as_json: o.Json = False) -> None:
     """Show the prompt cache's size, cap and entry count.
 
     Example: tallow cache stats

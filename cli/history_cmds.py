@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from . import options as o
 from . import settings
 from .errors import guarded
 from .render import err_console
@@ -44,7 +45,7 @@ def logs(
     count: int = typer.Option(3, "-n", "--count", min=0, help="How many turns, newest first (0: all)."),
     query: Optional[str] = typer.Option(None, "-q", "--query", help="Only turns whose prompt, system or answer contains TEXT.", show_default=False),
     conversation: Optional[str] = typer.Option(None, "--conversation", "--cid", help="Only this conversation.", show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
+    as_json: o.JsonList = False,
 ) -> None:
     """Show logged runs and chat turns.
 

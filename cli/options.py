@@ -19,6 +19,7 @@ GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload 
 FlashAttn = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto (from this machine's measurements, per context), on or off.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Never open a network connection (also TALLOW_OFFLINE=1).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of text.")]
+JsonList = Annotated[bool, typer.Option("--json", help="Print a JSON array on stdout (one object per entry) instead of text.")]
 Stats = Annotated[bool, typer.Option("--stats", help="Print the stats line even when stderr is not a terminal.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Never print the stats line.")]
 

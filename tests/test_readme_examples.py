@@ -8,22 +8,19 @@ network. A README change that breaks an example fails here.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import _test_home, make_wheel, start_package_index
+from conftest import make_wheel, new_user_env, start_package_index
 from readme_examples import Block, compare, parse
 from terminal import Terminal, plain
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = parse((ROOT / "README.md").read_text(encoding="utf-8"))
-BIN = Path(sys.executable).parent  # where pip put the tallow console script
 
 
 def report_text() -> str:
@@ -42,13 +39,7 @@ class Newcomer:
         self.home = root / "user"
         self.home.mkdir()
         self.synth = synth
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TALLOW_", "XDG_", "PIP_", "HF_", "COMP_")) and k not in ("NO_COLOR", "TERM")}
-        env.update(HOME=str(self.home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", TERM="dumb", NO_COLOR="1",
-                   PIP_INDEX_URL=index_url, PIP_CONFIG_FILE=os.devnull,
-                   # calibrated once per test run, not once per home (conftest's machine_profile)
-                   TALLOW_MACHINE_CACHE=str(_test_home() / "machine.json"))
-        self.env = env
+        self.env = new_user_env(self.home, index_url)
         self.port = _free_port()
         self.server: Terminal | None = None
 
