@@ -27,11 +27,31 @@ class Detokenizer:
         return self._decoder.decode(piece)
 
     def flush(self) -> str:
-        # The decoder only ever holds the start of a character that could still be valid
-        # (anything invalid was already replaced), so what it holds now is a cut character.
-        self.dropped += len(self._decoder.getstate()[0])
-        self._decoder.reset()
-        return ""
+        held = self._decoder.getstate()[0]
+        if held and _cut_character(held):
+            self.dropped += len(held)
+            self._decoder.reset()
+            return ""
+        # What it holds could never have become a character (CPython holds some invalid
+        # pairs, such as a surrogate's b"\xed\xa0", until the end): replaced, as a whole decode would.
+        return self._decoder.decode(b"", final=True)
+
+
+# The second byte a lead byte allows (RFC 3629); the others are 0x80-0xBF.
+_SECOND = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def _cut_character(held: bytes) -> bool:
+    """True when `held` is the start of a valid UTF-8 character that lacks its last bytes."""
+    lead = held[0]
+    size = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if 0xF0 <= lead <= 0xF4 else 0
+    if not size or len(held) >= size:
+        return False
+    for i, b in enumerate(held[1:], 1):
+        lo, hi = _SECOND.get(lead, (0x80, 0xBF)) if i == 1 else (0x80, 0xBF)
+        if not lo <= b <= hi:
+            return False
+    return True
 
 
 class StopMatcher:

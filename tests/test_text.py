@@ -22,6 +22,11 @@ def test_invalid_bytes_become_replacement_characters():
     assert d.push(b"\xff") + d.push(b"ok") + d.flush() == "\ufffdok"
 
 
+def test_bytes_that_could_never_be_a_character_are_still_replaced_at_the_end():
+    d = Detokenizer()
+    assert d.push(b"\xed") + d.push(b"\xa0") + d.flush() == "\ufffd\ufffd" and d.dropped == 0
+
+
 def test_a_character_cut_at_the_end_is_dropped_not_replaced():
     d = Detokenizer()
     coffee = "☕".encode()
