@@ -210,3 +210,19 @@ def test_presence_and_frequency_penalties_reduce_repeats(det):
         sampling = Sampling(temperature=0, **{field: 2.0})
         penalized = Request(base.prompt_tokens, 64, sampling=sampling, ignore_eos=True)
         assert repeats(penalized) < plain, field
+
+
+def test_a_cut_character_is_dropped_on_the_scheduler_route_too(default_model):
+    """serve and batch end requests as run does: the emoji the answer was cut in is not U+FFFD."""
+    sched = scheduler(default_model, parallel=2)
+    try:
+        prompt = "Write the word coffee followed by the coffee emoji ☕ and a smiley 😀."
+        tokens = sched.engine.prompt_for([{"role": "user", "content": prompt}])
+        texts = []
+        for n in range(1, 7):
+            handle = sched.submit(Request(tokens, n, sampling=GREEDY))
+            texts.append(stream_of(handle)[2].text)
+        assert not [t for t in texts if "\ufffd" in t], texts
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), texts
+    finally:
+        sched.close()
