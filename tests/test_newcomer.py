@@ -22,7 +22,7 @@ EMOJI = "Write the word coffee followed by the coffee emoji â˜• and a smiley ðŸ˜
 class Shell:
     def __init__(self, env: dict, home: Path) -> None:
         env = {**env, "PS1": "$ "}
-        self.term = Terminal(["--noprofile", "--norc", "-i"], env, program=shutil.which("bash"), columns=250,
+        self.term = Terminal(["--noprofile", "--norc", "-i"], env, program=shutil.which("bash"), columns=1000,
                              cwd=str(home))
         self.n = 0
         self.type(f"source {ROOT}/completions/tallow.bash")

@@ -55,8 +55,9 @@ class Newcomer:
         command = command.replace(":8080", f":{self.port}")
         if re.search(r"\btallow serve\b", command) and "--port" not in command:
             command += f" --port {self.port}"
+        # A wide screen: nothing tallow prints wraps (a CPU's flag list in doctor can be long).
         return Terminal(["--noprofile", "--norc", "-c", command], self.env, program=shutil.which("bash"),
-                        columns=250, cwd=str(self.home))
+                        columns=1000, cwd=str(self.home))
 
     def run(self, command: str, expected: list[str]) -> list[str]:
         """Run a command as typed at a terminal; what the screen showed, neutral paths."""
