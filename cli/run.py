@@ -52,6 +52,7 @@ def run(
     raw: o.Raw = False,
     offline: o.Offline = False,
     as_json: o.Json = False,
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
     stats: o.Stats = False,
     quiet: o.Quiet = False,
     hide_thinking: o.HideThinking = False,
@@ -67,6 +68,10 @@ def run(
 
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
+    if logprobs is not None and not as_json:
+        raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
+    if logprobs is not None and draft is not None:
+        raise typer.BadParameter("log-probabilities do not combine with --draft yet", param_hint="--logprobs")
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
     grammar, schema = o.structured(format_, json_schema)
@@ -92,10 +97,16 @@ def run(
         prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
                                  cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
-                                 grammar=grammar)
-        final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal())
+                                 grammar=grammar, logprobs=logprobs)
+        tokens: list = []
+        final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal(),
+                        tokens=tokens if logprobs is not None else None)
         if as_json:
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
+            if logprobs is not None:
+                from tallow.runtime.openai_api import token_logprob
+
+                out["logprobs"] = {"content": [token_logprob(ev, engine.model.piece) for ev in tokens]}
             sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
             sys.stdout.flush()
         if not quiet and (stats or (stderr_is_terminal() and not as_json)):  # the JSON has the figures
@@ -125,7 +136,8 @@ def _continued(history, continue_: bool, cid: str | None, system: str | None):
     return cid, messages, system if system is not None else logged_system
 
 
-def _stream(engine, request: Request, echo: bool, show_reasoning: bool) -> FinalEvent:
+def _stream(engine, request: Request, echo: bool, show_reasoning: bool, tokens: list | None = None) -> FinalEvent:
+    """Stream the answer (and reasoning) as it comes; `tokens` collects the token events."""
     out = sys.stdout
     err = err_console() if show_reasoning else None
     events = engine.stream(request)
@@ -136,6 +148,8 @@ def _stream(engine, request: Request, echo: bool, show_reasoning: bool) -> Final
                 if isinstance(event, FinalEvent):
                     final = event
                     continue
+                if tokens is not None:
+                    tokens.append(event)
                 if err is not None and event.reasoning:
                     err.print(event.reasoning, style="dim", end="", markup=False)
                 if echo and event.text:

@@ -11,9 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from tallow.models.errors import TallowError
+
 from .errors import ContextOverflow
 from .loadplan import (choose_flash_attn, context_notes, default_context, extra_buffers, gpu_layer_count, plan_memory,
                        read_shape)
+from .logprobs import with_logprobs
 from .threads import Governor, Registry, physical_cores
 from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, reasoning_markers
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
@@ -275,13 +278,20 @@ class Engine:
         if run.request.draft == "lookup":
             from .speculative import lookup_decode
 
+            if run.request.logprobs is not None:
+                raise TallowError("log-probabilities do not combine with --draft lookup yet",
+                                  "leave out one of them")
+
             yield from lookup_decode(self, run, sampler)
             return
         ctx, kv, take = self.ctx, self._kv, self._take
+        top = run.request.logprobs
         while True:
             token = sampler.sample(ctx, -1)
             event, done = take(run, token)
             if event is not None:
+                if top is not None:  # read before the next decode replaces the logits
+                    event = with_logprobs(event, ctx.logit_row(-1, self.model.n_vocab), top)
                 yield event
             if done:
                 return

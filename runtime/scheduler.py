@@ -25,6 +25,7 @@ from tallow.models.errors import TallowError
 
 from .engine import Engine, _common_prefix, _Run
 from .errors import BackendError, ContextOverflow
+from .logprobs import with_logprobs
 from .metrics import Histogram
 from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
 
@@ -386,7 +387,7 @@ class Scheduler:
                 self.stats.itl.observe(run.timings.itl_ms[-1] / 1000)
         if event is not None:
             if job.request.logprobs is not None:
-                event = _with_logprobs(event, self.engine.ctx.logit_row(row, self.engine.model.n_vocab),
+                event = with_logprobs(event, self.engine.ctx.logit_row(row, self.engine.model.n_vocab),
                                        job.request.logprobs)
             self._emit(job, event)
         if done:
@@ -433,18 +434,3 @@ class Scheduler:
             job.handle._on_event(event)
         except Exception:  # a consumer that went away must not stop the engine
             job.handle.cancelled = True
-
-
-def _with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
-    """The event with the model's log-probabilities (raw logits, before any sampler change)."""
-    import numpy as np
-
-    z = logits.astype(np.float64)
-    z -= z.max()
-    logz = np.log(np.exp(z).sum())
-    best = ()
-    if top > 0:
-        idx = np.argpartition(-z, top - 1)[:top]
-        idx = idx[np.argsort(-z[idx], kind="stable")]
-        best = tuple((int(i), float(z[i] - logz)) for i in idx)
-    return replace(event, logprob=float(z[event.token] - logz), top_logprobs=best)

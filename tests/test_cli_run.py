@@ -187,3 +187,25 @@ def test_lookup_draft_gives_the_same_answer_and_reports_acceptance(default_home)
     assert "accepted (" in stats
     bad = run_tallow([*args, "--draft", "tiny-model"], home=default_home)
     assert bad.returncode == 2 and b"lookup" in bad.stderr
+
+
+def test_json_logprobs_per_token_as_the_api_gives_them(synth_model, tmp_path):
+    r = run_tallow(["run", str(synth_model), "hello", "--json", "--logprobs", "3", "-n", "6", "--temperature", "0",
+                    "--no-log"], home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    content = out["logprobs"]["content"]
+    assert len(content) == out["usage"]["completion_tokens"] > 0
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"} and entry["logprob"] <= 0
+        top = [t["logprob"] for t in entry["top_logprobs"]]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        assert entry["top_logprobs"][0]["bytes"] == entry["bytes"]  # greedy: the chosen token is the likeliest
+        assert abs(entry["top_logprobs"][0]["logprob"] - entry["logprob"]) < 1e-9
+    plain = json.loads(run_tallow(["run", str(synth_model), "hello", "--json", "-n", "6", "--temperature", "0",
+                                   "--no-log"], home=tmp_path).stdout)
+    assert "logprobs" not in plain and plain["text"] == out["text"]  # asked for only, and the answer is the same
+    for args, words in ((["--logprobs", "2"], "add --json"), (["--json", "--logprobs", "2", "--draft", "lookup"], "--draft"),
+                        (["--json", "--logprobs", "21"], "--logprobs")):
+        bad = run_tallow(["run", str(synth_model), "hello", *args], home=tmp_path)
+        assert bad.returncode == 2 and words in bad.stderr.decode(), bad.stderr.decode()
