@@ -58,16 +58,23 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def _size(setting: Setting) -> int:
+def parse_size(text: str) -> int | None:
+    """Bytes from "2GiB", "500MB", "8 GB" or "1073741824"; None when it is not a size."""
     import re
 
-    text = (setting.raw() or setting.default).strip().lower().replace(" ", "")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text.strip().lower().replace(" ", ""))
     if not m or m.group(2) not in _UNITS:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _size(setting: Setting) -> int:
+    size = parse_size(setting.raw() or setting.default)
+    if size is None:
         from tallow.models.errors import TallowError
 
         raise TallowError(f"{setting.name}={setting.raw()!r} is not a size", "e.g. 2GiB, 500MB or 1073741824")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    return size
 
 
 def cache_max_bytes() -> int:

@@ -89,6 +89,7 @@ def show(
     fit: bool = typer.Option(False, "--fit", help="Print the memory it needs (weights, KV cache, compute), without loading it."),
     ctx: o.Ctx = None,
     gpu_layers: o.GpuLayers = "auto",
+    vram: Optional[str] = typer.Option(None, "--vram", help="With --fit: plan for a GPU with this much free memory (e.g. 8GB), whether or not this machine has one.", show_default=False),
     as_json: o.Json = False,
 ) -> None:
     """Show a model's metadata, tensor types, license and source.
@@ -97,7 +98,16 @@ def show(
     Examples:
       tallow show smollm2:135m
       tallow show smollm2:135m --fit --ctx 8192
+      tallow show smollm2:135m --fit --gpu-layers 20 --vram 4GB
     """
+    vram_bytes = None
+    if vram is not None:
+        from .settings import parse_size
+
+        vram_bytes = parse_size(vram)
+        if vram_bytes is None or not fit:
+            raise typer.BadParameter("give a size such as 8GB or 512MiB, with --fit" if vram_bytes is None else
+                                     "--vram plans a load: add --fit", param_hint="--vram")
     from tallow.models.resolve import LocalModel, locate
 
     st = store()
@@ -106,7 +116,7 @@ def show(
         raise TallowError(f"model {model!r} is not stored", f"pull it first: tallow pull {model}")
     manifest = st.get(found.name) if not isinstance(parse_ref(model), PathRef) else None
     if fit:
-        _show_fit(found, ctx, gpu_layers, as_json)
+        _show_fit(found, ctx, gpu_layers, as_json, vram_bytes)
         return
     infos = [read_gguf(p) for p in found.paths]
     info = infos[0]
@@ -142,11 +152,15 @@ def show(
     _render_show(data)
 
 
-def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
-    """The estimate a load would make, and whether it fits here; nothing is loaded."""
+def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int | None = None) -> None:
+    """The estimate a load would make, and whether it fits here; nothing is loaded. With a
+    GPU (this machine's, or one `vram` describes) the offloaded layers' share is split off."""
+    from tallow.runtime.devices import gpu_free_memory
     from tallow.runtime.loadplan import plan_memory
 
-    plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=False, vram=None)
+    vram = vram if vram is not None else gpu_free_memory()
+    plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=vram is not None,
+                       vram=vram)
     est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
     data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None,
             "flash_attn": plan.flash_attn, "extra_buffers": plan.extra_buffers}
@@ -158,11 +172,15 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool) -> None:
         _print_json(data)
         return
     out = sys.stdout
+    gpu = f", {est.gpu_layers} layers on the GPU" if est.gpu_layers else ""
     out.write(f"{found.name} at context {est.n_ctx} (flash attention {plan.flash_attn}, "
-              f"repacked weights {'on' if plan.extra_buffers else 'off'})\n")
+              f"repacked weights {'on' if plan.extra_buffers else 'off'}{gpu})\n")
     for label, key in (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"),
                        ("output", "output"), ("total", "total")):
         out.write(f"  {label:<10}{human_bytes(data[key]):>10}\n")
+    if est.vram:
+        out.write(f"  {'in RAM':<10}{human_bytes(est.ram):>10}\n  {'on GPU':<10}{human_bytes(est.vram):>10}"
+                  f"  of {human_bytes(vram)} free\n")
     out.write(f"  {'available':<10}{human_bytes(ram):>10}\n")
     out.write("  fits\n" if verdict is None else f"  does not fit: {verdict.message}\n  {verdict.hint}\n")
     if note:

@@ -116,3 +116,26 @@ def test_show_fit_and_run_refusal(default_home, tmp_path):
     lines = r.stderr.decode().splitlines()
     assert r.returncode == 1 and len(lines) == 2 and "needs" in lines[0] and ", have " in lines[0]
     assert lines[1].startswith("hint: try --ctx ")
+
+
+def test_show_fit_honours_gpu_layers_with_a_given_vram(default_home):
+    def fit(*args):
+        r = run_tallow(["show", "smollm2:135m", "--fit", "--ctx", "4096", "--json", *args], home=default_home)
+        assert r.returncode == 0, r.stderr.decode()
+        return json.loads(r.stdout)
+
+    cpu = fit()
+    assert cpu["gpu_layers"] == 0 and cpu["vram"] == 0 and cpu["ram"] == cpu["total"]
+    few, more = fit("--gpu-layers", "8", "--vram", "4GB"), fit("--gpu-layers", "24", "--vram", "4GB")
+    assert few["gpu_layers"] == 8 and more["gpu_layers"] == 24
+    assert 0 < few["vram"] < more["vram"] and few["ram"] > more["ram"]  # the split moves with N
+    assert few["total"] == more["total"] == cpu["total"] and few["fits"] and more["fits"]
+    small = fit("--gpu-layers", "all", "--vram", "100MB")
+    assert not small["fits"] and "GPU memory" in small["error"] and "--gpu-layers" in small["hint"]
+    text = run_tallow(["show", "smollm2:135m", "--fit", "--gpu-layers", "8", "--vram", "4GB"], home=default_home)
+    assert "8 layers on the GPU" in text.stdout.decode() and "on GPU" in text.stdout.decode()
+    for args, words in ((["--vram", "lots"], "a size"), (["--vram", "4GB", "--no-such"], "No such option")):
+        bad = run_tallow(["show", "smollm2:135m", "--fit", *args], home=default_home)
+        assert bad.returncode == 2 and words in bad.stderr.decode(), bad.stderr.decode()
+    nofit = run_tallow(["show", "smollm2:135m", "--vram", "4GB"], home=default_home)
+    assert nofit.returncode == 2 and "add --fit" in nofit.stderr.decode()
