@@ -63,7 +63,8 @@ class Conversation:
         dropped = 0
         while True:
             request = self.engine.request(self._all([user]), raw=self.settings.raw, max_tokens=self.settings.max_tokens,
-                                          stop=self.settings.stop, sampling=self.settings.sampling)
+                                          stop=self.settings.stop, sampling=self.settings.sampling,
+                                          save_prompt=False)  # a chat never saves: no last token split off
             if len(request.prompt_tokens) + self._reserve() <= self.engine.n_ctx:
                 return request, dropped
             if self.settings.on_overflow == "error" or len(self.messages) < 2:

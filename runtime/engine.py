@@ -180,7 +180,7 @@ class Engine:
         fastest (a scratch sequence would need llama.cpp's unified KV buffer, which costs
         a few percent of decode speed). Afterwards the cache holds the shortest prefix saved.
         """
-        if self._disk is None or not request.disk_cache:
+        if self._disk is None or not request.disk_cache or not request.save_prompt:
             return 0
         cache, fp = self._disk
         prompt = request.prompt_tokens
@@ -237,7 +237,8 @@ class Engine:
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later
         # run that loads the saved state must: llama.cpp's logits differ in the last bits
         # between batch sizes, and at temperature 0 that could change the answer.
-        split = self._disk is not None and run.request.disk_cache and len(prompt) >= self._disk[0].min_tokens
+        split = (self._disk is not None and run.request.disk_cache and run.request.save_prompt
+                 and len(prompt) >= self._disk[0].min_tokens)
         body = todo[: len(todo) - split] if todo else todo
         chunks = [body[i:i + self.n_batch] for i in range(0, len(body), self.n_batch)]
         if split and todo:

@@ -62,6 +62,7 @@ class Request:
     starts_in_reasoning: bool = False  # the prompt opened a reasoning block
     cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
+    save_prompt: bool = True  # False: look saved prefixes up but never save this one (a chat keeps its own cache)
     draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives

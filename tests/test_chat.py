@@ -147,3 +147,25 @@ def test_chat_through_pipes_has_no_stats_line_unless_asked_and_load_errors_have_
     forced = run_tallow(["chat", str(synth_model), "--max-tokens", "3", "--no-log", "--stats"], home=tmp_path,
                         input=b"hello\n/bye\n")
     assert forced.returncode == 0 and "TTFT" in forced.stderr.decode()
+
+
+def test_a_chat_with_a_disk_cache_never_splits_off_the_last_prompt_token(synth_model, tmp_path):
+    """Only a prompt that will be saved has its last token evaluated alone; a chat never saves."""
+    from tallow.runtime.prompt_cache import PromptCache
+
+    cache = PromptCache(tmp_path / "cache", 1 << 30, min_tokens=16)
+    with Engine(synth_model, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        engine.use_prompt_cache(cache, "synthetic-digest")
+        calls = []
+        decode = engine.ctx.decode
+        engine.ctx.decode = lambda tokens, *a, **kw: (calls.append(len(tokens)), decode(tokens, *a, **kw))[1]
+        conv = Conversation(engine, ChatSettings(GREEDY, max_tokens=3), system="You answer questions about documents.")
+        final = turn(conv, " ".join(f"line {i} of a document." for i in range(8)))
+        assert final.timings.prefill_tokens > 16
+        assert calls[0] == final.timings.prefill_tokens  # the whole prompt in one batch, no lone last token
+        request = engine.request([{"role": "user", "content": "x " * 40}], max_tokens=2, sampling=GREEDY)
+        engine.reset()
+        calls.clear()
+        list(engine.stream(request))
+        assert calls[:2] == [len(request.prompt_tokens) - 1, 1]  # a run's prompt, to be saved: split
+    assert cache.stats()["entries"] == 0  # the chat saved nothing
