@@ -210,8 +210,7 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
                         "bytes_per_token": None, "bandwidth_fraction": None,
                     }
                     if test.n_gen and not test.n_prompt:
-                        per_token = B.bytes_per_token(info, test.n_depth + test.n_gen // 2,
-                                                      2.0 if ctk == "f16" else 1.0)
+                        per_token = B.bytes_per_token(info, test.n_depth + test.n_gen // 2, ctk, ctv)
                         row["bytes_per_token"] = per_token
                         row["bandwidth_fraction"] = s["avg_ts"] * per_token / bandwidth
                     rows.append(row)

@@ -115,12 +115,18 @@ class Estimate:
         return {**asdict(self), "total": self.total, "ram": self.ram}
 
 
+def kv_cache_bytes(shape: Shape, n_tokens: int, type_k: str = "f16", type_v: str = "f16") -> int:
+    """What the KV cache holds for `n_tokens` positions, every layer, K and V in their types
+    (the one formula: the load's estimate and bench's bytes per token both use it)."""
+    per_k = (_type_size(type_k) + _type_size(type_v)) / 2
+    return int(n_tokens * shape.n_layer * shape.kv_width * per_k)
+
+
 def estimate(shape: Shape, n_ctx: int, *, type_k: str = "f16", type_v: str = "f16", n_batch: int = 512,
              n_seq: int = 1, flash_attn: bool = True, gpu_layers: int = 0, all_logits: bool = False) -> Estimate:
     n_ctx = -(-n_ctx // CTX_STEP) * CTX_STEP
     n_ubatch = min(n_batch, n_ctx)
-    per_k = (_type_size(type_k) + _type_size(type_v)) / 2
-    kv = int(n_ctx * shape.n_layer * shape.kv_width * per_k)
+    kv = kv_cache_bytes(shape, n_ctx, type_k, type_v)
     out_stage = n_ubatch * 4 * (shape.n_vocab + 2 * shape.n_embd)
     att_stage = 0 if flash_attn else n_ubatch * n_ctx * shape.n_head * 4
     mask = n_ubatch * n_ctx * (2 if flash_attn else 4)

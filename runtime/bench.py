@@ -62,22 +62,16 @@ def memory_bandwidth(size_mb: int = 512, reps: int = 5) -> float:
     return buf.nbytes / best
 
 
-def bytes_per_token(gguf_info, n_ctx_depth: int, kv_bytes_per_elem: float = 2.0) -> int:
+def bytes_per_token(gguf_info, n_ctx_depth: int, type_k: str = "f16", type_v: str = "f16") -> int:
     """Weights one decoded token reads, plus the KV cache at that depth."""
-    md = gguf_info.metadata
-    arch = gguf_info.architecture
+    from tallow.models.memory import Shape, kv_cache_bytes
+
     names = {t.name: t for t in gguf_info.tensors}
     weights = sum(t.n_bytes for t in gguf_info.tensors)
     emb = names.get("token_embd.weight")
     if emb is not None and "output.weight" in names:
         weights -= emb.n_bytes - emb.n_bytes // max(1, emb.shape[1])  # a lookup reads one row
-    n_layer = md.get(f"{arch}.block_count") or 0
-    n_embd = md.get(f"{arch}.embedding_length") or 0
-    n_head = md.get(f"{arch}.attention.head_count") or 1
-    n_head_kv = md.get(f"{arch}.attention.head_count_kv") or n_head
-    head_dim = md.get(f"{arch}.attention.key_length") or (n_embd // n_head if n_head else 0)
-    kv = int(n_layer * n_head_kv * head_dim * 2 * kv_bytes_per_elem * n_ctx_depth)
-    return int(weights + kv)
+    return int(weights + kv_cache_bytes(Shape.from_gguf([gguf_info]), n_ctx_depth, type_k, type_v))
 
 
 def _energy() -> float | None:
