@@ -35,4 +35,13 @@ def main() -> None:
     except SystemExit as exc:
         if exc.code == INTERRUPTED:
             _leave(INTERRUPTED)
+        # The command is over: a Ctrl-C from now on has nothing left to stop. Without this,
+        # one landing during the interpreter's shutdown raised KeyboardInterrupt there and
+        # CPython then killed itself with SIGINT (a parent saw -2, not the command's code).
+        import signal
+
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread, or no signals here
+            pass
         raise
