@@ -10,7 +10,6 @@ captured through the log callback.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import sys
@@ -21,15 +20,13 @@ _SIZES: list[tuple[float, float]] = []  # (MiB, bits per weight) of each "quant 
 
 
 def main() -> int:
-    import llama_cpp.llama_cpp as C
+    from tallow.runtime import backend
 
     args = json.loads(sys.argv[1])
     out = sys.stdout
     errors: list[str] = []
 
-    @C.llama_log_callback
-    def log(level, text, user_data):
-        line = (text or b"").decode("utf-8", "replace")
+    def log(level: int, line: str) -> None:
         m = _PROGRESS.search(line)
         size = _QUANT_SIZE.search(line)
         if size:
@@ -42,33 +39,18 @@ def main() -> int:
         elif level == 3 or "error" in line.lower() or "failed" in line.lower():
             errors.append(line.strip())
 
-    C.llama_log_set(log, ctypes.c_void_p(0))
-    C.llama_backend_init()
+    backend.listen_to_logs(log)
     if args.get("sizes"):
-        return dry_runs(C, args)
-    params = C.llama_model_quantize_default_params()
-    params.nthread = args["threads"]
-    params.ftype = args["ftype"]
-    params.allow_requantize = args["allow_requantize"]
-    params.quantize_output_tensor = not args["leave_output_tensor"]
-    params.pure = args["pure"]
-    if args.get("output_tensor_type") is not None:
-        params.output_tensor_type = args["output_tensor_type"]
-    if args.get("token_embedding_type") is not None:
-        params.token_embedding_type = args["token_embedding_type"]
-    keep = []  # the imatrix arrays must outlive the call
+        return dry_runs(backend, args)
+    imatrix = None
     if args.get("imatrix"):
         from .imatrix import read_imatrix
 
-        entries = read_imatrix(args["imatrix"])
-        arr = (C.llama_model_imatrix_data * (len(entries) + 1))()
-        for i, (name, values) in enumerate(entries.items()):
-            data = (ctypes.c_float * len(values))(*values)
-            keep += [name.encode(), data]
-            arr[i].name, arr[i].data, arr[i].size = keep[-2], ctypes.cast(data, ctypes.POINTER(ctypes.c_float)), len(values)
-        params.imatrix = ctypes.cast(arr, ctypes.POINTER(C.llama_model_imatrix_data))
-        keep.append(arr)
-    rc = C.llama_model_quantize(args["source"].encode(), args["output"].encode(), ctypes.byref(params))
+        imatrix = read_imatrix(args["imatrix"])
+    rc = backend.quantize(args["source"], args["output"], args["ftype"], threads=args["threads"],
+                          allow_requantize=args["allow_requantize"], leave_output_tensor=args["leave_output_tensor"],
+                          pure=args["pure"], output_tensor_type=args.get("output_tensor_type"),
+                          token_embedding_type=args.get("token_embedding_type"), imatrix=imatrix)
     if rc != 0:
         out.write(json.dumps({"error": errors[-1] if errors else f"llama_model_quantize returned {rc}"}) + "\n")
         out.flush()
@@ -76,14 +58,12 @@ def main() -> int:
     return 0
 
 
-def dry_runs(C, args) -> int:
+def dry_runs(backend, args) -> int:
     """The size each file type would give this model, from llama.cpp's dry run (it plans
     every tensor's type as a real run would, and writes nothing): one line per type."""
     for ftype in args["sizes"]:
-        params = C.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize, params.dry_run = ftype, True, True
         before = len(_SIZES)
-        rc = C.llama_model_quantize(args["source"].encode(), args["output"].encode(), ctypes.byref(params))
+        rc = backend.quantize(args["source"], args["output"], ftype, allow_requantize=True, dry_run=True)
         found = _SIZES[before:] if rc == 0 else []
         mib, bpw = found[-1] if found else (None, None)
         sys.stdout.write(json.dumps({"ftype": ftype, "bytes": int(mib * (1 << 20)) if mib else None, "bpw": bpw}) + "\n")

@@ -10,13 +10,13 @@ import ctypes
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp.llama_cpp as C
 
 from . import interrupt
 from .errors import BackendError
+from .types import ContextParams, SamplerParams  # noqa: F401 - the parameters of Context and Sampler
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -24,6 +24,7 @@ _initialized = False
 # messages and only echo when asked to (TALLOW_DEBUG, decided by the CLI).
 _log_tail: deque[str] = deque(maxlen=64)
 _log_echo = False
+_log_listeners: list = []  # callables(level, line) that want every line (quantize's progress)
 
 
 @C.llama_log_callback
@@ -31,6 +32,8 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     try:  # nothing may escape into C (runtime/interrupt.py keeps Ctrl-C out of here)
         line = text.decode("utf-8", "replace") if text else ""
         _log_tail.append(line)
+        for listen in _log_listeners:
+            listen(level, line)
         if _log_echo:
             sys.stderr.write(line)
     except BaseException:  # noqa: BLE001
@@ -62,6 +65,36 @@ def init(echo_logs: bool = False) -> None:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
             C.llama_backend_init()
             _initialized = True
+
+
+def listen_to_logs(fn) -> None:
+    """Call `fn(level, line)` with every line llama.cpp logs from now on."""
+    _log_listeners.append(fn)
+
+
+def quantize(source: Path, output: Path, ftype: int, *, threads: int = 0, allow_requantize: bool = False,
+             leave_output_tensor: bool = False, pure: bool = False, output_tensor_type: int | None = None,
+             token_embedding_type: int | None = None, imatrix: dict | None = None, dry_run: bool = False) -> int:
+    """llama_model_quantize, and its return code; `imatrix` maps tensor names to their values.
+    llama.cpp aborts the process on some errors: run it in a child (quantize/worker.py).
+    Progress and, for a dry run, the planned size come through its log (listen_to_logs)."""
+    init()
+    p = C.llama_model_quantize_default_params()
+    p.nthread, p.ftype, p.allow_requantize, p.dry_run = threads, ftype, allow_requantize, dry_run
+    p.quantize_output_tensor, p.pure = not leave_output_tensor, pure
+    if output_tensor_type is not None:
+        p.output_tensor_type = output_tensor_type
+    if token_embedding_type is not None:
+        p.token_embedding_type = token_embedding_type
+    keep = []  # the imatrix arrays must outlive the call
+    if imatrix:
+        arr = (C.llama_model_imatrix_data * (len(imatrix) + 1))()
+        for i, (name, values) in enumerate(imatrix.items()):
+            data = (ctypes.c_float * len(values))(*values)
+            keep += [name.encode(), data]
+            arr[i].name, arr[i].data, arr[i].size = keep[-2], ctypes.cast(data, ctypes.POINTER(ctypes.c_float)), len(values)
+        p.imatrix = ctypes.cast(arr, ctypes.POINTER(C.llama_model_imatrix_data))
+    return C.llama_model_quantize(str(source).encode(), str(output).encode(), ctypes.byref(p))
 
 
 def system_info() -> str:
@@ -213,20 +246,6 @@ class Model:
             self.ptr = None
 
 
-@dataclass(frozen=True)
-class ContextParams:
-    n_ctx: int
-    n_batch: int
-    n_ubatch: int
-    n_threads: int
-    flash_attn: str = "auto"
-    n_seq_max: int = 1  # more for decoding several sequences at once
-    observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
-    type_k: str = "f16"  # KV cache types (ggml type names)
-    type_v: str = "f16"
-    kv_unified: bool | None = None  # None: unified exactly when there are several sequences
-
-
 class Context:
     """A llama.cpp context with one reusable batch; sequences are addressed by id."""
 
@@ -358,21 +377,6 @@ class Context:
             C.llama_batch_free(self._batch)
             C.llama_free(self.ptr)
             self.ptr = None
-
-
-@dataclass(frozen=True)
-class SamplerParams:
-    temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    repeat_penalty: float
-    repeat_last_n: int
-    seed: int
-    banned: tuple[int, ...] = ()  # tokens that may never be sampled (e.g. end-of-generation)
-    grammar: str | None = None  # GBNF, already checked (runtime/grammar.py)
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
 
 
 class Sampler:

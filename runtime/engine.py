@@ -74,7 +74,7 @@ class Engine:
         self.notes = [self.fit_note] if self.fit_note else []
         self.notes += context_notes(settings.n_ctx, self.n_ctx, settings.n_seq_max, self.model.n_ctx_train,
                                     self.model.meta)
-        self._kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
+        self.kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
         self._template = None
         self._settings = settings
         self._disk = None  # (PromptCache, fingerprint) once attached
@@ -120,7 +120,7 @@ class Engine:
         points = []
         for prefix in cache_prefixes:
             rendered = self._render_prefix(prefix, raw)
-            points.append(_common_prefix(rendered, tokens))
+            points.append(common_prefix(rendered, tokens))
         return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points), **kw)
 
     def _render_prefix(self, messages: list[dict[str, Any]], raw: bool) -> list[int]:
@@ -148,7 +148,7 @@ class Engine:
 
         return version("llama-cpp-python")
 
-    def _load_from_disk(self, run: _Run, prompt: list[int], cached: int) -> int:
+    def _load_from_disk(self, run: RequestState, prompt: list[int], cached: int) -> int:
         """Load the longest saved prefix that beats what memory holds; returns tokens cached."""
         cache, fp = self._disk
         for entry in cache.lookup(fp, prompt):  # longest first; a damaged one is removed and the next tried
@@ -157,7 +157,7 @@ class Engine:
             if not cache.verify(entry):
                 continue
             self.ctx.seq_rm(_SEQ, 0, -1)
-            self._kv.clear()
+            self.kv.clear()
             loaded = self.ctx.load_seq(entry.state_path, _SEQ, len(entry.tokens))
             if loaded != entry.tokens:  # refused or not what the record says: never use it
                 self.ctx.seq_rm(_SEQ, 0, -1)
@@ -165,7 +165,7 @@ class Engine:
                 run.usage.cache_source = None
                 cached = 0  # what memory held is gone with the failed load
                 continue
-            self._kv.extend(loaded)
+            self.kv.extend(loaded)
             cache.touch(entry)
             run.usage.cache_source = "disk"
             return min(len(loaded), len(prompt) - 1)
@@ -190,10 +190,10 @@ class Engine:
         # KV, which would shift llama.cpp's summation order and, at temperature 0, the answer).
         for n in sorted({*request.cache_points, len(prompt) - 1}, reverse=True):
             tokens = prompt[:n]
-            if n < cache.min_tokens or self._kv[:n] != tokens or cache.has(fp, tokens):
+            if n < cache.min_tokens or self.kv[:n] != tokens or cache.has(fp, tokens):
                 continue
             self.ctx.seq_rm(_SEQ, n, -1)
-            del self._kv[n:]
+            del self.kv[n:]
             written += cache.put(fp, tokens, lambda path: self.ctx.save_seq(path, _SEQ, tokens)) is not None
         return written
 
@@ -216,22 +216,22 @@ class Engine:
                 f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx} (one more is needed to answer)",
                 "shorten the prompt or raise --ctx",
             )
-        run = _Run(request, Timings(load_ms=self.load_ms), Usage(prompt_tokens=len(prompt)))
+        run = RequestState(request, Timings(load_ms=self.load_ms), Usage(prompt_tokens=len(prompt)))
         try:
             yield from self._generate(run, prompt)
         except KeyboardInterrupt:
             run.finish = "interrupted"
         yield run.final()
 
-    def _prefill(self, run: _Run, prompt: list[int]) -> None:
-        cached = _common_prefix(self._kv, prompt)
+    def _prefill(self, run: RequestState, prompt: list[int]) -> None:
+        cached = common_prefix(self.kv, prompt)
         if cached == len(prompt):
             cached -= 1  # the last prompt token must be evaluated again to get its logits
         run.usage.cache_source = "memory" if cached else None
         if self._disk is not None and run.request.disk_cache:
             cached = self._load_from_disk(run, prompt, cached)
         self.ctx.seq_rm(_SEQ, cached, -1)
-        del self._kv[cached:]
+        del self.kv[cached:]
         run.usage.cached_tokens = cached
         todo = prompt[cached:]
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later
@@ -245,8 +245,8 @@ class Engine:
             chunks.append(todo[-1:])
         # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory.
         for n, chunk in enumerate(chunks):
-            self.ctx.decode(chunk, len(self._kv), _SEQ, want_last_logits=n == len(chunks) - 1)
-            self._kv.extend(chunk)
+            self.ctx.decode(chunk, len(self.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
+            self.kv.extend(chunk)
         run.timings.prefill_tokens = len(todo)
 
     def sampler_for(self, request: Request):
@@ -259,7 +259,7 @@ class Engine:
                                                  s.repeat_last_n, s.resolved_seed(), banned, request.grammar,
                                                  s.frequency_penalty, s.presence_penalty))
 
-    def _generate(self, run: _Run, prompt: list[int]) -> Iterator[TokenEvent]:
+    def _generate(self, run: RequestState, prompt: list[int]) -> Iterator[TokenEvent]:
         s = run.request.sampling
         sampler = self.sampler_for(run.request)
         try:
@@ -275,7 +275,7 @@ class Engine:
         finally:
             sampler.close()
 
-    def _decode_loop(self, run: _Run, sampler) -> Iterator[TokenEvent]:
+    def _decode_loop(self, run: RequestState, sampler) -> Iterator[TokenEvent]:
         if run.request.draft == "lookup":
             from .speculative import lookup_decode
 
@@ -285,7 +285,7 @@ class Engine:
 
             yield from lookup_decode(self, run, sampler)
             return
-        ctx, kv, take = self.ctx, self._kv, self._take
+        ctx, kv, take = self.ctx, self.kv, self.take
         top = run.request.logprobs
         while True:
             token = sampler.sample(ctx, -1)
@@ -303,7 +303,7 @@ class Engine:
             ctx.decode([token], len(kv), _SEQ)
             kv.append(token)
 
-    def _take(self, run: _Run, token: int) -> tuple[TokenEvent | None, bool]:
+    def take(self, run: RequestState, token: int) -> tuple[TokenEvent | None, bool]:
         """Account for one sampled token: (its event, whether the answer is over)."""
         now = time.perf_counter()
         if self.model.is_eog(token):
@@ -352,7 +352,7 @@ class Engine:
     def reset(self) -> None:
         """Forget every cached token (the next prompt is evaluated in full)."""
         self.ctx.clear()
-        self._kv.clear()
+        self.kv.clear()
 
     @property
     def n_threads(self) -> int:
@@ -375,8 +375,9 @@ class Engine:
         self.close()
 
 
-class _Run:
-    """The mutable state of one request while it streams."""
+class RequestState:
+    """The mutable state of one request while it streams: the output stream (detokenizer, stop
+    strings, reasoning split) and its usage and timings. Public: the scheduler drives one per slot."""
 
     def __init__(self, request: Request, timings: Timings, usage: Usage) -> None:
         self.request = request
@@ -417,7 +418,8 @@ class _Run:
         return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail, "".join(self.reasoning_parts), reasoning_tail)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share (the KV cells a prompt can reuse)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 from tallow.models.errors import TallowError
 
-from .engine import Engine, _common_prefix, _Run
+from .engine import Engine, RequestState, common_prefix
 from .errors import BackendError, ContextOverflow
 from .logprobs import with_logprobs
 from .metrics import Histogram
@@ -103,7 +103,7 @@ class _Job:
     def __init__(self, request: Request, handle: Handle, limit: int, deadline: float | None) -> None:
         self.request = request
         self.handle = handle
-        self.run = _Run(request, Timings(), Usage(prompt_tokens=len(request.prompt_tokens)))
+        self.run = RequestState(request, Timings(), Usage(prompt_tokens=len(request.prompt_tokens)))
         self.limit = limit  # KV cells (positions) this request may use
         self.deadline = deadline
         self.sampler = None
@@ -244,7 +244,7 @@ class Scheduler:
             prompt = job.request.prompt_tokens
             # The longest cached prefix; else the lowest free slot, so that busy sequences stay
             # consecutive (deterministic mode decodes a run of them in one micro-batch).
-            slot = max(free, key=lambda s: (_common_prefix(s.kv, prompt), -s.seq))
+            slot = max(free, key=lambda s: (common_prefix(s.kv, prompt), -s.seq))
             if self.unified and not self._make_room(job, slot, free):
                 return
             self._waiting.popleft()
@@ -266,7 +266,7 @@ class Scheduler:
     def _start(self, job: _Job, slot: _Slot) -> None:
         now = time.perf_counter()
         prompt = job.request.prompt_tokens
-        cached = _common_prefix(slot.kv, prompt)
+        cached = common_prefix(slot.kv, prompt)
         if cached == len(prompt):
             cached -= 1  # the last prompt token is evaluated again for its logits
         self.engine.ctx.seq_rm(slot.seq, cached, -1)
@@ -379,7 +379,7 @@ class Scheduler:
             run.timings.prefill_ms = (now - job.t_admit) * 1000
             run.t_decode_start = now
         before = run.t_last
-        event, done = self.engine._take(run, token)
+        event, done = self.engine.take(run, token)
         if run.t_last is not before:
             if before is None:
                 self.stats.ttft.observe(run.timings.ttft_ms / 1000)

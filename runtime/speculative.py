@@ -48,7 +48,7 @@ class NgramIndex:
 
 
 def lookup_decode(engine, run, sampler) -> Iterator[TokenEvent]:
-    ctx, kv, take, seq = engine.ctx, engine._kv, engine._take, 0
+    ctx, kv, take, seq = engine.ctx, engine.kv, engine.take, 0
     index = NgramIndex(run.request.prompt_tokens)
     usage = run.usage
     pending, idx = None, -1

@@ -161,3 +161,34 @@ class NoticeEvent:
     """Something the user should be told about a turn (e.g. old turns dropped to fit)."""
 
     message: str
+
+
+# The parameters of runtime/backend.py's Context and Sampler: plain data, kept here so the
+# backend holds only what touches llama.cpp.
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    flash_attn: str = "auto"
+    n_seq_max: int = 1  # more for decoding several sequences at once
+    observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
+    type_k: str = "f16"  # KV cache types (ggml type names)
+    type_v: str = "f16"
+    kv_unified: bool | None = None  # None: unified exactly when there are several sequences
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    seed: int
+    banned: tuple[int, ...] = ()  # tokens that may never be sampled (e.g. end-of-generation)
+    grammar: str | None = None  # GBNF, already checked (runtime/grammar.py)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
