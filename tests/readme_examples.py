@@ -163,7 +163,7 @@ def named_fields(text: str) -> set[str]:
     return set(re.findall(r'"(\w+)":', text))
 
 
-def all_fields(value, prefix: str = "") -> set[str]:
+def all_fields(value) -> set[str]:
     out = set()
     if isinstance(value, dict):
         for k, v in value.items():

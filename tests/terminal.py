@@ -51,6 +51,17 @@ class Terminal:
     def send(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
+    def completed(self, typed: str, timeout: float = 60) -> str:
+        """In an interactive shell: what Tab makes of `typed`. Ctrl-A (start of line) and Ctrl-E
+        (end) then wrap the line in `echo OUT<n> ... END<n>` and Enter runs it, so the shell
+        prints the completed line itself, free of the escapes it redraws lines with. Keys are
+        read in order, so the completion has run before Ctrl-A is seen."""
+        self._marks = getattr(self, "_marks", 0) + 1
+        n = self._marks
+        self.send(f"{typed}\t\x01echo OUT{n} \x05 END{n}\r")
+        seen = plain(self.read_until(rf"(?<!echo )OUT{n} [^\n]*END{n}\r?\n", timeout=timeout))
+        return re.findall(rf"(?<!echo )OUT{n} (.*?) *END{n}", seen)[-1].strip()
+
     def wait(self, timeout: float = 60) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

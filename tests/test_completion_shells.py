@@ -4,7 +4,6 @@ committed scripts, on model names that have ':' in them (bash splits words there
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_tallow
-from terminal import Terminal, plain
+from terminal import Terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 TALLOW = Path(sys.executable).parent / "tallow"  # the console script pip installed beside this python
@@ -62,13 +61,7 @@ def test_model_names_with_colons_complete_in_an_interactive_shell(shell, store_h
             term.send(command.format(root=ROOT) + f"; echo READY{n}_\r")
             term.read_until(rf"READY{n}_\s*\n", timeout=60)
         for typed, expected in CASES:
-            # Tab completes; then Ctrl-A (start of line) and Ctrl-E (end) wrap the line in
-            # `echo OUT ... END`, and Enter runs it: the shell prints the completed line
-            # itself, free of the escapes it redraws the line with. Keys are read in order,
-            # so the completion has run before Ctrl-A is seen.
-            term.send(typed + "\t\x01echo OUT\x05END\r")
-            seen = plain(term.read_until(r"(?<!echo )OUT[^\n]*END\s*\n", timeout=30))
-            got = re.findall(r"(?<!echo )OUT(.*?) ?END", seen)[-1].strip()
+            got = term.completed(typed, timeout=30)
             assert got == expected, f"{shell}: {typed!r} completed to {got!r}, not {expected!r}"
     finally:
         term.kill()
