@@ -143,14 +143,13 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             try:
                 body = parse_json(text.encode("utf-8"), "the line")
                 rid, body = _id_and_body(body)
-                if _key(rid) in seen:
-                    raise APIError(f"the id {_key(rid)} appears twice in the input")
-                seen.add(_key(rid))
-                if _key(rid) in previous.ids or _key(rid) in previous.failed_ids:
-                    if _key(rid) in previous.ids:
-                        stats.skipped += 1
-                    else:
-                        stats.failed_before += 1
+                key = _key(rid)
+                if key in seen:
+                    raise APIError(f"the id {key} appears twice in the input")
+                seen.add(key)
+                if key in previous.ids or key in previous.failed_ids:  # answered, or failed, before
+                    stats.skipped += key in previous.ids
+                    stats.failed_before += key not in previous.ids
                     on_progress(stats)
                     continue
                 if body.get("stream"):
