@@ -70,8 +70,6 @@ def run(
     """
     if logprobs is not None and not as_json:
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
-    if logprobs is not None and draft is not None:
-        raise typer.BadParameter("log-probabilities do not combine with --draft yet", param_hint="--logprobs")
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
     grammar, schema = o.structured(format_, json_schema)

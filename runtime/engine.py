@@ -1,7 +1,8 @@
 """The engine: load a model, build prompts, and stream a request as typed events.
 
-One long-lived sequence (seq 0) keeps the tokens its KV cells hold, so a request
-whose prompt starts with them evaluates only what follows the common prefix.
+One long-lived sequence (seq 0 of the sequence core, runtime/sequence.py) keeps the tokens
+its KV cells hold, so a request whose prompt starts with them evaluates only what follows
+the common prefix. The scheduler drives the same core for N sequences (docs/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from tallow.models.errors import TallowError
-
 from .errors import ContextOverflow
 from .loadplan import (choose_flash_attn, context_notes, default_context, extra_buffers, gpu_layer_count, plan_memory,
                        read_shape)
-from .logprobs import with_logprobs
+from .sequence import DiskPrefixes, OutputStream, Sequence, common_prefix
+from .speculative import LookupDrafter, verify
 from .threads import Governor, Registry, physical_cores
-from .text import Detokenizer, ReasoningSplitter, StopMatcher, opens_reasoning, reasoning_markers
-from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
+from .text import opens_reasoning, reasoning_markers
+from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent
 
 _SEQ = 0
 
@@ -74,10 +74,10 @@ class Engine:
         self.notes = [self.fit_note] if self.fit_note else []
         self.notes += context_notes(settings.n_ctx, self.n_ctx, settings.n_seq_max, self.model.n_ctx_train,
                                     self.model.meta)
-        self.kv: list[int] = []  # tokens whose KV cells seq 0 holds, in position order
+        self.sequence = Sequence(self.ctx, _SEQ)  # a scheduler makes its own, one per slot
         self._template = None
         self._settings = settings
-        self._disk = None  # (PromptCache, fingerprint) once attached
+        self.disk: DiskPrefixes | None = None  # the disk prompt cache, once attached
         self.load_ms = (time.perf_counter() - started) * 1000
 
     # -- prompts ---------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class Engine:
         from .prompt_cache import fingerprint
 
         s = self._settings
-        self._disk = (cache, fingerprint({
+        self.disk = DiskPrefixes(cache, fingerprint({
             "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": s.type_k, "type_v": s.type_v,
             "flash_attn": self.flash_attn, "rope": "model", "n_seq_max": s.n_seq_max, "llama_cpp": self._backend_version(),
             "extra_buffers": self.extra_buffers,
@@ -148,54 +148,15 @@ class Engine:
 
         return version("llama-cpp-python")
 
-    def _load_from_disk(self, run: RequestState, prompt: list[int], cached: int) -> int:
-        """Load the longest saved prefix that beats what memory holds; returns tokens cached."""
-        cache, fp = self._disk
-        for entry in cache.lookup(fp, prompt):  # longest first; a damaged one is removed and the next tried
-            if len(entry.tokens) <= cached + 1:
-                break
-            if not cache.verify(entry):
-                continue
-            self.ctx.seq_rm(_SEQ, 0, -1)
-            self.kv.clear()
-            loaded = self.ctx.load_seq(entry.state_path, _SEQ, len(entry.tokens))
-            if loaded != entry.tokens:  # refused or not what the record says: never use it
-                self.ctx.seq_rm(_SEQ, 0, -1)
-                cache.remove(entry)
-                run.usage.cache_source = None
-                cached = 0  # what memory held is gone with the failed load
-                continue
-            self.kv.extend(loaded)
-            cache.touch(entry)
-            run.usage.cache_source = "disk"
-            return min(len(loaded), len(prompt) - 1)
-        return cached
-
     def save_prompt(self, request: Request) -> int:
-        """Save the request's prompt, and its cache points, to the disk cache (after the
-        answer, so it never delays one). Returns how many entries were written.
+        """Save the request's prompt, and its cache points, to the disk cache (after the answer;
+        see DiskPrefixes.save). Returns how many entries were written."""
+        return self.disk.save(self.sequence, request) if self.disk is not None else 0
 
-        The KV cache is trimmed to each prefix in turn, longest first, and saved: a
-        one-shot run ends here anyway, and a single unified-free sequence keeps decoding
-        fastest (a scratch sequence would need llama.cpp's unified KV buffer, which costs
-        a few percent of decode speed). Afterwards the cache holds the shortest prefix saved.
-        """
-        if self._disk is None or not request.disk_cache or not request.save_prompt:
-            return 0
-        cache, fp = self._disk
-        prompt = request.prompt_tokens
-        written = 0
-        # The whole prompt but its last token: a later run loads it and evaluates that token
-        # into the very next cell, exactly as this run did (no hole left by trimming the
-        # KV, which would shift llama.cpp's summation order and, at temperature 0, the answer).
-        for n in sorted({*request.cache_points, len(prompt) - 1}, reverse=True):
-            tokens = prompt[:n]
-            if n < cache.min_tokens or self.kv[:n] != tokens or cache.has(fp, tokens):
-                continue
-            self.ctx.seq_rm(_SEQ, n, -1)
-            del self.kv[n:]
-            written += cache.put(fp, tokens, lambda path: self.ctx.save_seq(path, _SEQ, tokens)) is not None
-        return written
+    @property
+    def kv(self) -> list[int]:
+        """The tokens whose KV cells seq 0 holds, in position order."""
+        return self.sequence.kv
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=special, parse_special=special)
@@ -216,37 +177,34 @@ class Engine:
                 f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx} (one more is needed to answer)",
                 "shorten the prompt or raise --ctx",
             )
-        run = RequestState(request, Timings(load_ms=self.load_ms), Usage(prompt_tokens=len(prompt)))
+        run = OutputStream(request, self.model, Timings(load_ms=self.load_ms))
         try:
             yield from self._generate(run, prompt)
         except KeyboardInterrupt:
             run.finish = "interrupted"
         yield run.final()
 
-    def _prefill(self, run: RequestState, prompt: list[int]) -> None:
-        cached = common_prefix(self.kv, prompt)
-        if cached == len(prompt):
-            cached -= 1  # the last prompt token must be evaluated again to get its logits
+    def _prefill(self, run: OutputStream, prompt: list[int]) -> None:
+        seq, disk = self.sequence, self.disk
+        cached = seq.reusable(prompt)
         run.usage.cache_source = "memory" if cached else None
-        if self._disk is not None and run.request.disk_cache:
-            cached = self._load_from_disk(run, prompt, cached)
-        self.ctx.seq_rm(_SEQ, cached, -1)
-        del self.kv[cached:]
+        if disk is not None and disk.applies(run.request):
+            cached = disk.load_longest(seq, prompt, cached, run.usage)
+        seq.keep(cached)
         run.usage.cached_tokens = cached
         todo = prompt[cached:]
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later
         # run that loads the saved state must: llama.cpp's logits differ in the last bits
         # between batch sizes, and at temperature 0 that could change the answer.
-        split = (self._disk is not None and run.request.disk_cache and run.request.save_prompt
-                 and len(prompt) >= self._disk[0].min_tokens)
+        split = disk is not None and disk.will_save(run.request)
         body = todo[: len(todo) - split] if todo else todo
         chunks = [body[i:i + self.n_batch] for i in range(0, len(body), self.n_batch)]
         if split and todo:
             chunks.append(todo[-1:])
         # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory.
         for n, chunk in enumerate(chunks):
-            self.ctx.decode(chunk, len(self.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
-            self.kv.extend(chunk)
+            self.ctx.decode(chunk, len(seq.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
+            seq.kv.extend(chunk)
         run.timings.prefill_tokens = len(todo)
 
     def sampler_for(self, request: Request):
@@ -259,79 +217,55 @@ class Engine:
                                                  s.repeat_last_n, s.resolved_seed(), banned, request.grammar,
                                                  s.frequency_penalty, s.presence_penalty))
 
-    def _generate(self, run: RequestState, prompt: list[int]) -> Iterator[TokenEvent]:
+    def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent]:
         s = run.request.sampling
         sampler = self.sampler_for(run.request)
         try:
-            t0 = run.started
             self._prefill(run, prompt)
             if s.penalized:
                 for t in prompt[-s.repeat_last_n:]:
                     sampler.accept(t)
-            t_prefill = time.perf_counter()
-            run.timings.prefill_ms = (t_prefill - t0) * 1000
-            run.t_decode_start = t_prefill
+            run.decoding()
             yield from self._decode_loop(run, sampler)
         finally:
             sampler.close()
 
-    def _decode_loop(self, run: RequestState, sampler) -> Iterator[TokenEvent]:
-        if run.request.draft == "lookup":
-            from .speculative import lookup_decode
-
-            if run.request.logprobs is not None:
-                raise TallowError("log-probabilities do not combine with --draft lookup yet",
-                                  "leave out one of them")
-
-            yield from lookup_decode(self, run, sampler)
-            return
-        ctx, kv, take = self.ctx, self.kv, self.take
-        top = run.request.logprobs
+    def _decode_loop(self, run: OutputStream, sampler) -> Iterator[TokenEvent]:
+        """Sample, take, decode, one token a step; with lookup drafts, a step decodes the
+        sampled token and a guess of what follows, and takes every confirmed guess."""
+        ctx, seq = self.ctx, self.sequence
+        kv = seq.kv
+        drafter = LookupDrafter(run.request.prompt_tokens) if run.request.draft == "lookup" else None
+        sample = sampler.sample
+        sampled = [(-1, sample(ctx, -1))]  # (logit row, token); all but the last are in the KV cache
+        guesses = 0  # how many of them are confirmed draft tokens
         while True:
-            token = sampler.sample(ctx, -1)
-            event, done = take(run, token)
-            if event is not None:
-                if top is not None:  # read before the next decode replaces the logits
-                    event = with_logprobs(event, ctx.logit_row(-1, self.model.n_vocab), top)
-                yield event
-            if done:
+            events, ended = run.take_all(ctx, sampled, guesses)
+            yield from events
+            if ended is not None:  # like plain decoding, the last token taken stays out of the cache
+                seq.keep(len(kv) - (len(sampled) - ended))
                 return
+            token = sampled[-1][1]
             if len(kv) >= self.n_ctx:
                 run.finish = "length"  # the context is full
                 return
             self.pace()
-            ctx.decode([token], len(kv), _SEQ)
+            base = len(kv)
+            if drafter is None:
+                ctx.decode([token], base, _SEQ)
+                kv.append(token)
+                sampled, guesses = [(-1, sample(ctx, -1))], 0
+                continue
+            drafter.extend(t for _, t in sampled)
+            draft = drafter.propose(min(self.n_ctx - base - 1, self.n_batch - 1))
+            ctx.decode([token, *draft], base, _SEQ, all_logits=True)
             kv.append(token)
-
-    def take(self, run: RequestState, token: int) -> tuple[TokenEvent | None, bool]:
-        """Account for one sampled token: (its event, whether the answer is over)."""
-        now = time.perf_counter()
-        if self.model.is_eog(token):
-            run.finish = "stop"
-            return None, True
-        if run.t_last is None:
-            run.timings.ttft_ms = (now - run.started) * 1000
-        else:
-            run.timings.itl_ms.append((now - run.t_last) * 1000)
-        run.t_last = now
-        run.n_out += 1
-        text, stopped = run.stops.push(run.detok.push(self.model.piece(token)))
-        reasoning = ""
-        if run.splitter is not None:
-            text, reasoning, touched = run.splitter.push(text)
-            run.usage.reasoning_tokens += touched
-            if reasoning:
-                run.reasoning_parts.append(reasoning)
-        if text:
-            run.parts.append(text)
-        if stopped:
-            run.finish, run.hit_stop_string = "stop", True
-            return TokenEvent(text, token, reasoning), True
-        max_tokens = run.request.max_tokens
-        if max_tokens is not None and run.n_out >= max_tokens:
-            run.finish = "length"
-            return TokenEvent(text, token, reasoning), True
-        return TokenEvent(text, token, reasoning), False
+            kv.extend(draft)
+            accepted, after = verify(draft, lambda i: sample(ctx, i))
+            seq.keep(base + 1 + len(accepted))  # drop the wrong guesses' cells
+            run.usage.draft_tokens += len(draft)
+            drafter.outcome(len(accepted), len(draft))
+            sampled, guesses = [*enumerate(accepted), (len(accepted), after)], len(accepted)
 
     def logits_for(self, tokens: list[int]):
         """Logits at every position of `tokens`, evaluated from an empty cache (for perplexity
@@ -373,55 +307,3 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class RequestState:
-    """The mutable state of one request while it streams: the output stream (detokenizer, stop
-    strings, reasoning split) and its usage and timings. Public: the scheduler drives one per slot."""
-
-    def __init__(self, request: Request, timings: Timings, usage: Usage) -> None:
-        self.request = request
-        self.timings = timings
-        self.usage = usage
-        self.started = time.perf_counter()
-        self.t_decode_start: float | None = None
-        self.t_last: float | None = None
-        self.n_out = 0
-        self.parts: list[str] = []
-        self.finish = "stop"
-        self.hit_stop_string = False
-        self.detok = Detokenizer()
-        self.stops = StopMatcher(list(request.stop))
-        markers = request.reasoning_markers
-        self.splitter = ReasoningSplitter(*markers, inside=request.starts_in_reasoning) if markers else None
-        self.reasoning_parts: list[str] = []
-
-    def final(self) -> FinalEvent:
-        tail = reasoning_tail = ""
-        if not self.hit_stop_string:
-            # Release what was held back: an incomplete character, a possible stop prefix.
-            tail, stopped = self.stops.push(self.detok.flush())
-            if not stopped:
-                tail += self.stops.flush()
-        if self.splitter is not None:
-            answer, reasoning_tail, _ = self.splitter.push(tail)
-            held_answer, held_reasoning = self.splitter.flush()
-            tail, reasoning_tail = answer + held_answer, reasoning_tail + held_reasoning
-            self.reasoning_parts.append(reasoning_tail)
-        self.parts.append(tail)
-        t = self.timings
-        t.decode_tokens = self.n_out
-        if self.t_decode_start is not None and self.t_last is not None:
-            t.decode_ms = (self.t_last - self.t_decode_start) * 1000
-        t.total_ms = (time.perf_counter() - self.started) * 1000
-        self.usage.completion_tokens = self.n_out
-        return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail, "".join(self.reasoning_parts), reasoning_tail)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two sequences share (the KV cells a prompt can reuse)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

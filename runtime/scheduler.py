@@ -7,8 +7,12 @@ request its events. A finished request frees its slot at once, and the next wait
 request takes it at the following step. Callers talk to the thread only through
 `submit` (which queues) and the Handle it returns (which relays events and cancels).
 
+Every slot is a Sequence of the sequence core (runtime/sequence.py) and every request an
+OutputStream, as in the engine, so the disk prompt cache, lookup drafts, grammars,
+log-probabilities and cancellation work here as they do in `run`.
+
 Deterministic mode makes a request's answer independent of what else is being
-decoded; see DESIGN.md (batch invariance) for the three llama.cpp behaviours it
+decoded; see docs/DESIGN.md (batch invariance) for the three llama.cpp behaviours it
 works around, and the README for what that costs.
 """
 
@@ -23,11 +27,12 @@ from typing import Callable, Iterator
 
 from tallow.models.errors import TallowError
 
-from .engine import Engine, RequestState, common_prefix
+from .engine import Engine
 from .errors import BackendError, ContextOverflow
-from .logprobs import with_logprobs
 from .metrics import Histogram
-from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent, Usage
+from .sequence import OutputStream, Sequence, common_prefix
+from .speculative import LookupDrafter, verify
+from .types import FinalEvent, LoadSettings, Request, TokenEvent
 
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
@@ -47,6 +52,7 @@ class SchedulerSettings:
     max_queue: int = 64  # requests that may wait for a slot; more are refused
     max_tokens_cap: int | None = None  # clamp on a request's max_tokens (None: the sequence's room)
     time_limit_s: float | None = None  # per request, from submission; finish_reason "time_limit"
+    draft: str | None = None  # the draft method of requests that name none ("lookup")
 
 
 def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:
@@ -100,24 +106,30 @@ class Handle:
 
 
 class _Job:
-    def __init__(self, request: Request, handle: Handle, limit: int, deadline: float | None) -> None:
+    def __init__(self, request: Request, model, handle: Handle, limit: int, deadline: float | None) -> None:
         self.request = request
         self.handle = handle
-        self.run = RequestState(request, Timings(), Usage(prompt_tokens=len(request.prompt_tokens)))
+        self.run = OutputStream(request, model)
         self.limit = limit  # KV cells (positions) this request may use
         self.deadline = deadline
         self.sampler = None
         self.slot: _Slot | None = None
         self.next_token: int | None = None  # sampled, not yet evaluated
-        self.t_admit = 0.0
+        self.drafter = LookupDrafter(request.prompt_tokens) if request.draft == "lookup" else None
+        self.draft: list[int] = []  # guesses decoded after next_token in this step
 
 
 class _Slot:
-    def __init__(self, seq: int) -> None:
+    def __init__(self, ctx, seq: int) -> None:
+        self.sequence = Sequence(ctx, seq)
         self.seq = seq
-        self.kv: list[int] = []  # tokens whose cells this sequence holds, in position order
         self.job: _Job | None = None
         self.last_used = 0.0
+
+    @property
+    def kv(self) -> list[int]:
+        """The tokens whose cells this sequence holds, in position order."""
+        return self.sequence.kv
 
 
 @dataclass
@@ -143,7 +155,7 @@ class Scheduler:
         # A unified KV buffer lets one sequence use all of it; separate streams split it evenly.
         self.unified = settings.kv_unified and not settings.deterministic
         self.capacity = self.n_ctx if self.unified else self.n_ctx // settings.parallel
-        self.slots = [_Slot(i) for i in range(settings.parallel)]
+        self.slots = [_Slot(ctx, i) for i in range(settings.parallel)]
         self._waiting: deque[_Job] = deque()
         self._active: list[_Job] = []  # admitted, in admission order
         self._cond = threading.Condition()
@@ -174,8 +186,10 @@ class Scheduler:
             wanted = cap if cap is not None else room
         limit = len(prompt) + min(wanted, room)
         deadline = None if self.settings.time_limit_s is None else time.perf_counter() + self.settings.time_limit_s
+        if request.draft is None and self.settings.draft is not None:
+            request = replace(request, draft=self.settings.draft)
         handle = Handle(on_event)
-        job = _Job(request, handle, limit, deadline)
+        job = _Job(request, self.engine.model, handle, limit, deadline)
         handle._wake = self._wake
         with self._cond:
             if self._closing:
@@ -259,24 +273,20 @@ class Scheduler:
         while reserved + held + job.limit > self.n_ctx and idle:
             victim = idle.pop(0)
             held -= len(victim.kv)
-            self.engine.ctx.seq_rm(victim.seq, 0, -1)
-            victim.kv.clear()
+            victim.sequence.clear()
         return reserved + held + job.limit <= self.n_ctx
 
     def _start(self, job: _Job, slot: _Slot) -> None:
         now = time.perf_counter()
-        prompt = job.request.prompt_tokens
-        cached = common_prefix(slot.kv, prompt)
-        if cached == len(prompt):
-            cached -= 1  # the last prompt token is evaluated again for its logits
-        self.engine.ctx.seq_rm(slot.seq, cached, -1)
-        del slot.kv[cached:]
-        run = job.run
-        run.usage.cached_tokens = cached
+        prompt, seq, run, disk = job.request.prompt_tokens, slot.sequence, job.run, self.engine.disk
+        cached = seq.reusable(prompt)
         run.usage.cache_source = "memory" if cached else None
+        if disk is not None and disk.applies(job.request):
+            cached = disk.load_longest(seq, prompt, cached, run.usage)
+        seq.keep(cached)
+        run.usage.cached_tokens = cached
         run.timings.queue_ms = (now - run.started) * 1000
         run.timings.prefill_tokens = len(prompt) - cached
-        job.t_admit = now
         job.slot, slot.job = slot, job
         try:
             job.sampler = self.engine.sampler_for(job.request)
@@ -307,15 +317,19 @@ class Scheduler:
         wants: list[tuple[int, _Job]] = []
         decoding = sorted((j for j in self._active if j.next_token is not None), key=lambda j: j.slot.seq)
         seqs = {j.slot.seq for j in decoding}
+        spare = max(0, (self.n_batch - 2 * len(decoding)) // max(1, len(decoding)))  # draft room each
         for job in decoding:
             slot = job.slot
+            if job.drafter is not None:
+                job.draft = job.drafter.propose(min(job.limit - len(slot.kv) - 1, spare))
             # With a KV stream per sequence, llama.cpp splits a batch into runs of consecutive
             # sequence ids; a sequence alone in its run brings two tokens (see _pair).
-            if det and slot.seq - 1 not in seqs and slot.seq + 1 not in seqs:
+            if det and not job.draft and slot.seq - 1 not in seqs and slot.seq + 1 not in seqs:
                 self._pair(slot, decode)
             wants.append((len(decode), job))
-            decode.append((job.next_token, len(slot.kv), slot.seq, True))
-            slot.kv.append(job.next_token)
+            for token in (job.next_token, *job.draft):  # a draft's rows follow the token's
+                decode.append((token, len(slot.kv), slot.seq, True))
+                slot.kv.append(token)
             job.next_token = None
         separate = []  # deterministic prefill chunks, each a call of its own
         budget = self.n_batch - len(decode)
@@ -372,46 +386,62 @@ class Scheduler:
                 self._sample(job, row)
 
     def _sample(self, job: _Job, row: int) -> None:
-        run = job.run
-        token = job.sampler.sample(self.engine.ctx, row)
+        """Sample the job's next token from `row` (with a draft: check the guesses decoded in
+        rows after it, as the engine does) and take what the model chose."""
+        run, seq, ctx = job.run, job.slot.sequence, self.engine.ctx
         if run.t_decode_start is None:
-            now = time.perf_counter()
-            run.timings.prefill_ms = (now - job.t_admit) * 1000
-            run.t_decode_start = now
-        before = run.t_last
-        event, done = self.engine.take(run, token)
-        if run.t_last is not before:
-            if before is None:
-                self.stats.ttft.observe(run.timings.ttft_ms / 1000)
-            else:
-                self.stats.itl.observe(run.timings.itl_ms[-1] / 1000)
-        if event is not None:
-            if job.request.logprobs is not None:
-                event = with_logprobs(event, self.engine.ctx.logit_row(row, self.engine.model.n_vocab),
-                                       job.request.logprobs)
+            run.decoding()
+        sample = job.sampler.sample
+        if job.draft:
+            draft, job.draft = job.draft, []
+            accepted, after = verify(draft, lambda i: sample(ctx, row + i))
+            seq.keep(len(seq.kv) - len(draft) + len(accepted))  # drop the wrong guesses' cells
+            run.usage.draft_tokens += len(draft)
+            job.drafter.outcome(len(accepted), len(draft))
+            sampled = [(row + i, t) for i, t in enumerate(accepted)] + [(row + len(accepted), after)]
+        else:
+            sampled, accepted = [(row, sample(ctx, row))], ()
+        first, gaps = run.t_last is None, len(run.timings.itl_ms)
+        events, ended = run.take_all(ctx, sampled, len(accepted))
+        if first and run.t_last is not None:
+            self.stats.ttft.observe(run.timings.ttft_ms / 1000)
+        for gap in run.timings.itl_ms[gaps:]:
+            self.stats.itl.observe(gap / 1000)
+        for event in events:
             self._emit(job, event)
-        if done:
+        if ended is not None:  # like plain decoding, the last token taken stays out of the cache
+            seq.keep(len(seq.kv) - (len(sampled) - ended))
             self._finish(job)
-        elif len(job.slot.kv) >= job.limit:
+        elif len(seq.kv) >= job.limit:
             run.finish = "length"
             self._finish(job)
         else:
-            job.next_token = token
+            job.next_token = sampled[-1][1]
+            if job.drafter is not None:
+                job.drafter.extend(t for _, t in sampled)
 
     def _finish(self, job: _Job) -> None:
         final = job.run.final()
+        self._count(final)
+        disk = self.engine.disk
+        saving = disk is not None and job.slot is not None and disk.will_save(job.request)
+        if saving:
+            self._emit(job, final)  # the answer first: saving its prompt never delays it
+            disk.save(job.slot.sequence, job.request)
         self._release(job)
+        if not saving:
+            self._emit(job, final)
+
+    def _count(self, final: FinalEvent) -> None:
         st = self.stats
         st.requests[final.finish_reason] = st.requests.get(final.finish_reason, 0) + 1
         st.prompt_tokens += final.usage.prompt_tokens
         st.cached_tokens += final.usage.cached_tokens
         st.completion_tokens += final.usage.completion_tokens
-        self._emit(job, final)
 
     def _fail(self, job: _Job, error: TallowError) -> None:
         if job.slot is not None:
-            self.engine.ctx.seq_rm(job.slot.seq, 0, -1)
-            job.slot.kv.clear()
+            job.slot.sequence.clear()
         self._release(job)
         self._emit(job, Failure(error))
 

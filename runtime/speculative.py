@@ -10,10 +10,6 @@ token; a batch of k costs less than k separate decodes.
 
 from __future__ import annotations
 
-from typing import Iterator
-
-from .types import TokenEvent
-
 MAX_NGRAM = 4
 MIN_NGRAM = 3
 MAX_DRAFT = 8
@@ -47,52 +43,36 @@ class NgramIndex:
         return []
 
 
-def lookup_decode(engine, run, sampler) -> Iterator[TokenEvent]:
-    ctx, kv, take, seq = engine.ctx, engine.kv, engine.take, 0
-    index = NgramIndex(run.request.prompt_tokens)
-    usage = run.usage
-    pending, idx = None, -1
-    # On a CPU a batch of k tokens costs much more than one, so the draft length adapts:
-    # it doubles while every guess holds and halves after a miss.
-    limit = START_DRAFT
-    while True:
-        token = pending if pending is not None else sampler.sample(ctx, idx)
-        pending = None
-        event, done = take(run, token)
-        if event is not None:
-            yield event
-        if done:
-            return
-        index.append(token)
-        room = engine.n_ctx - len(kv) - 1
-        if room < 0:
-            run.finish = "length"
-            return
-        draft = index.propose(min(limit, room, engine.n_batch - 1))
-        base = len(kv)
-        engine.pace()
-        ctx.decode([token, *draft], base, seq, all_logits=True)
-        kv.append(token)
-        kv.extend(draft)
-        usage.draft_tokens += len(draft)
-        idx = len(draft)  # if every guess holds, the next token comes from the last position
-        for i, guess in enumerate(draft):
-            actual = sampler.sample(ctx, i)
-            if actual != guess:
-                ctx.seq_rm(seq, base + 1 + i, -1)  # drop the wrong guesses' cells
-                del kv[base + 1 + i:]
-                pending = actual
-                limit = max(1, limit // 2)
-                break
-            usage.accepted_tokens += 1
-            event, done = take(run, guess)
-            if event is not None:
-                yield event
-            index.append(guess)
-            if done:  # like plain decoding, the last token taken is not kept in the KV cache
-                ctx.seq_rm(seq, base + 1 + i, -1)
-                del kv[base + 1 + i:]
-                return
-        else:
-            if draft:
-                limit = min(MAX_DRAFT, limit * 2)
+class LookupDrafter:
+    """One request's drafts: the tokens that followed the latest occurrence of its last few
+    tokens. On a CPU a batch of k tokens costs much more than one, so the draft length
+    adapts: it doubles while every guess holds and halves after a miss."""
+
+    def __init__(self, prompt: list[int]) -> None:
+        self.index = NgramIndex(prompt)
+        self.limit = START_DRAFT
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.index.append(t)
+
+    def propose(self, room: int) -> list[int]:
+        return self.index.propose(min(self.limit, room)) if room > 0 else []
+
+    def outcome(self, accepted: int, proposed: int) -> None:
+        if accepted < proposed:
+            self.limit = max(1, self.limit // 2)
+        elif proposed:
+            self.limit = min(MAX_DRAFT, self.limit * 2)
+
+
+def verify(draft: list[int], sample) -> tuple[list[int], int]:
+    """Check a draft evaluated after the last sampled token: `sample(i)` is the model's token
+    from logit row i (row 0 follows that token, row i follows guess i-1). Returns the guesses
+    the model confirms and the token it chose after them; each position is sampled from its
+    own logits, exactly as plain decoding would sample it."""
+    for i, guess in enumerate(draft):
+        actual = sample(i)
+        if actual != guess:
+            return draft[:i], actual
+    return list(draft), sample(len(draft))

@@ -205,7 +205,12 @@ def test_json_logprobs_per_token_as_the_api_gives_them(synth_model, tmp_path):
     plain = json.loads(run_tallow(["run", str(synth_model), "hello", "--json", "-n", "6", "--temperature", "0",
                                    "--no-log"], home=tmp_path).stdout)
     assert "logprobs" not in plain and plain["text"] == out["text"]  # asked for only, and the answer is the same
-    for args, words in ((["--logprobs", "2"], "add --json"), (["--json", "--logprobs", "2", "--draft", "lookup"], "--draft"),
-                        (["--json", "--logprobs", "21"], "--logprobs")):
+    # lookup drafts are a feature of the same decode path: the same tokens, the same figures
+    drafted = json.loads(run_tallow(["run", str(synth_model), "hello", "--json", "--logprobs", "3", "-n", "6",
+                                     "--temperature", "0", "--no-log", "--draft", "lookup"], home=tmp_path).stdout)
+    assert drafted["text"] == out["text"]
+    assert [e["token"] for e in drafted["logprobs"]["content"]] == [e["token"] for e in content]
+    assert all(abs(a["logprob"] - b["logprob"]) < 1e-3 for a, b in zip(drafted["logprobs"]["content"], content))
+    for args, words in ((["--logprobs", "2"], "add --json"), (["--json", "--logprobs", "21"], "--logprobs")):
         bad = run_tallow(["run", str(synth_model), "hello", *args], home=tmp_path)
         assert bad.returncode == 2 and words in bad.stderr.decode(), bad.stderr.decode()

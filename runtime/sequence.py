@@ -1,0 +1,221 @@
+"""The sequence core that every route decodes through (docs/DESIGN.md, "The sequence core").
+
+- `Sequence`: one llama.cpp sequence and the tokens its KV cells hold, in position order;
+  prefix reuse, trimming, and state save/load for the disk prompt cache.
+- `DiskPrefixes`: a PromptCache bound to one context's fingerprint; loads the longest saved
+  prefix of a prompt into a sequence and saves a finished request's prefixes from one.
+- `OutputStream`: one request's answer as it streams: sampled token -> detokenizer -> stop
+  strings -> reasoning split -> usage and timings -> events (log-probabilities included).
+
+The engine drives one Sequence (run, chat); the scheduler drives one per slot (serve, batch).
+Both call the same methods here, so a feature of the core exists on every route.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .logprobs import with_logprobs
+from .text import Detokenizer, ReasoningSplitter, StopMatcher
+from .types import FinalEvent, Request, Timings, TokenEvent, Usage
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share (the KV cells a prompt can reuse)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Sequence:
+    """One sequence of a llama.cpp context: its id and the tokens its KV cells hold."""
+
+    def __init__(self, ctx, seq: int) -> None:
+        self.ctx = ctx
+        self.seq = seq
+        self.kv: list[int] = []
+
+    def keep(self, n: int) -> None:
+        """Drop every cell from position n on."""
+        if n < len(self.kv):
+            self.ctx.seq_rm(self.seq, n, -1)
+            del self.kv[n:]
+
+    def clear(self) -> None:
+        self.ctx.seq_rm(self.seq, 0, -1)
+        self.kv.clear()
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of the prompt's tokens the cells hold already; never all of them, since the
+        last prompt token must be evaluated again for its logits."""
+        return min(common_prefix(self.kv, prompt), len(prompt) - 1)
+
+    def load(self, path: Path, tokens: list[int]) -> bool:
+        """Replace the sequence's cells with a saved state that must hold exactly `tokens`."""
+        self.clear()
+        loaded = self.ctx.load_seq(path, self.seq, len(tokens))
+        if loaded != tokens:  # refused, or not what the record says: never use it
+            self.clear()
+            return False
+        self.kv.extend(loaded)
+        return True
+
+    def save(self, path: Path) -> int:
+        return self.ctx.save_seq(path, self.seq, self.kv)
+
+
+class DiskPrefixes:
+    """The disk prompt cache as one context sees it: entries under this context's fingerprint."""
+
+    def __init__(self, cache, fingerprint: str) -> None:
+        self.cache = cache
+        self.fingerprint = fingerprint
+
+    def applies(self, request: Request) -> bool:
+        return request.disk_cache
+
+    def will_save(self, request: Request) -> bool:
+        """Whether the request's prompt will be saved when it finishes (its last token is then
+        evaluated alone, as a later run that loads the prefix must: see `save`)."""
+        return request.disk_cache and request.save_prompt and len(request.prompt_tokens) > self.cache.min_tokens
+
+    def load_longest(self, seq: Sequence, prompt: list[int], cached: int, usage: Usage) -> int:
+        """Load the longest saved prefix that beats the `cached` tokens memory holds; returns the
+        tokens now cached (and sets usage.cache_source to 'disk' when one was loaded)."""
+        cache = self.cache
+        for entry in cache.lookup(self.fingerprint, prompt):  # longest first
+            if len(entry.tokens) <= cached + 1:
+                break
+            if not cache.verify(entry):  # a damaged one is removed and the next tried
+                continue
+            if not seq.load(entry.state_path, entry.tokens):
+                cache.remove(entry)
+                usage.cache_source = None
+                cached = 0  # what memory held went with the failed load
+                continue
+            cache.touch(entry)
+            usage.cache_source = "disk"
+            return min(len(entry.tokens), len(prompt) - 1)
+        return cached
+
+    def save(self, seq: Sequence, request: Request) -> int:
+        """Save the request's prompt and its cache points (after the answer, so it never delays
+        one); returns how many entries were written.
+
+        The sequence is trimmed to each prefix in turn, longest first, and saved; afterwards
+        it holds the shortest prefix saved. The longest is the whole prompt but its last
+        token: a later request loads it and evaluates that token into the very next cell, as
+        this one did (no hole left by trimming, which would shift llama.cpp's summation order
+        and, at temperature 0, the answer).
+        """
+        if not self.will_save(request):
+            return 0
+        cache, prompt, written = self.cache, request.prompt_tokens, 0
+        for n in sorted({*request.cache_points, len(prompt) - 1}, reverse=True):
+            tokens = prompt[:n]
+            if n < cache.min_tokens or seq.kv[:n] != tokens or cache.has(self.fingerprint, tokens):
+                continue
+            seq.keep(n)
+            written += cache.put(self.fingerprint, tokens, seq.save) is not None
+        return written
+
+
+class OutputStream:
+    """The mutable state of one request while it streams: detokenizer, stop strings, reasoning
+    split, usage and timings. `take` accounts for each sampled token; `final` closes it."""
+
+    def __init__(self, request: Request, model, timings: Timings | None = None) -> None:
+        self.request = request
+        self.model = model
+        self.timings = timings if timings is not None else Timings()
+        self.usage = Usage(prompt_tokens=len(request.prompt_tokens))
+        self.started = time.perf_counter()
+        self.t_decode_start: float | None = None
+        self.t_last: float | None = None
+        self.n_out = 0
+        self.parts: list[str] = []
+        self.finish = "stop"
+        self.hit_stop_string = False
+        self.detok = Detokenizer()
+        self.stops = StopMatcher(list(request.stop))
+        markers = request.reasoning_markers
+        self.splitter = ReasoningSplitter(*markers, inside=request.starts_in_reasoning) if markers else None
+        self.reasoning_parts: list[str] = []
+
+    def decoding(self) -> None:
+        """Prefill is over: the first token is about to be sampled."""
+        now = time.perf_counter()
+        self.timings.prefill_ms = (now - self.started - self.timings.queue_ms / 1000) * 1000
+        self.t_decode_start = now
+
+    def take(self, token: int) -> tuple[TokenEvent | None, bool]:
+        """Account for one sampled token: (its event, whether the answer is over)."""
+        now = time.perf_counter()
+        if self.model.is_eog(token):
+            self.finish = "stop"
+            return None, True
+        if self.t_last is None:
+            self.timings.ttft_ms = (now - self.started) * 1000
+        else:
+            self.timings.itl_ms.append((now - self.t_last) * 1000)
+        self.t_last = now
+        self.n_out += 1
+        text, stopped = self.stops.push(self.detok.push(self.model.piece(token)))
+        reasoning = ""
+        if self.splitter is not None:
+            text, reasoning, touched = self.splitter.push(text)
+            self.usage.reasoning_tokens += touched
+            if reasoning:
+                self.reasoning_parts.append(reasoning)
+        if text:
+            self.parts.append(text)
+        if stopped:
+            self.finish, self.hit_stop_string = "stop", True
+            return TokenEvent(text, token, reasoning), True
+        max_tokens = self.request.max_tokens
+        if max_tokens is not None and self.n_out >= max_tokens:
+            self.finish = "length"
+            return TokenEvent(text, token, reasoning), True
+        return TokenEvent(text, token, reasoning), False
+
+    def take_all(self, ctx, sampled: list[tuple[int, int]], guesses: int = 0) -> tuple[list[TokenEvent], int | None]:
+        """Take tokens sampled in one step, in order, as (logit row, token), the first `guesses`
+        of them confirmed draft tokens: their events (with log-probabilities read from those
+        rows when asked for), and how many were taken if the answer ended among them (None:
+        it goes on). Only draft tokens that made it into the answer count as accepted."""
+        events, top = [], self.request.logprobs
+        for n, (row, token) in enumerate(sampled, 1):
+            self.usage.accepted_tokens += n <= guesses
+            event, done = self.take(token)
+            if event is not None:
+                if top is not None:  # before the next decode replaces the logits
+                    event = with_logprobs(event, ctx.logit_row(row, self.model.n_vocab), top)
+                events.append(event)
+            if done:
+                return events, n
+        return events, None
+
+    def final(self) -> FinalEvent:
+        tail = reasoning_tail = ""
+        if not self.hit_stop_string:
+            # Release what was held back: an incomplete character, a possible stop prefix.
+            tail, stopped = self.stops.push(self.detok.flush())
+            if not stopped:
+                tail += self.stops.flush()
+        if self.splitter is not None:
+            answer, reasoning_tail, _ = self.splitter.push(tail)
+            held_answer, held_reasoning = self.splitter.flush()
+            tail, reasoning_tail = answer + held_answer, reasoning_tail + held_reasoning
+            self.reasoning_parts.append(reasoning_tail)
+        self.parts.append(tail)
+        t = self.timings
+        t.decode_tokens = self.n_out
+        if self.t_decode_start is not None and self.t_last is not None:
+            t.decode_ms = (self.t_last - self.t_decode_start) * 1000
+        t.total_ms = (time.perf_counter() - self.started) * 1000
+        self.usage.completion_tokens = self.n_out
+        return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail, "".join(self.reasoning_parts),
+                          reasoning_tail)
