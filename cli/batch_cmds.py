@@ -27,6 +27,8 @@ def batch(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
+    draft: o.Draft = None,
+    no_cache: o.NoCache = False,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Take the error records out of the output and run those requests again."),
     offline: o.Offline = False,
 ) -> None:
@@ -53,10 +55,11 @@ def batch(
     except OSError as exc:
         raise TallowError(f"cannot use {exc.filename}: {exc.strerror}") from exc
     with out:
-        name, sched = open_scheduler(model, o.load_settings(ctx, threads, gpu_layers, flash_attn), offline,
+        name, sched = open_scheduler(model, o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), offline,
                                      SchedulerSettings(parallel=parallel, deterministic=deterministic,
                                                        kv_unified=kv_unified, max_queue=parallel * 4,
-                                                       max_tokens_cap=max_tokens))
+                                                       max_tokens_cap=max_tokens, draft=o.parse_draft(draft)),
+                                     disk_cache=not no_cache)
         try:
             stats = BatchStats(total=total)
             with _progress(total) as show:

@@ -49,6 +49,9 @@ def chat(
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
+    draft: o.Draft = None,
+    format_: o.Format = None,
+    json_schema: o.JsonSchema = None,
     stats: o.Stats = False,
     quiet: o.Quiet = False,
     offline: o.Offline = False,
@@ -59,9 +62,10 @@ def chat(
 
     Example: tallow chat smollm2:135m --system "Answer briefly."
     """
-    load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
+    load = o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
     chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
-                                 o.parse_on_overflow(on_overflow), tuple(stop or ()), raw)
+                                 o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
+                                 grammar=o.structured(format_, json_schema)[0])
     name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
@@ -115,6 +119,7 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool
     out, err = out_console(), err_console()
     events = conv.ask(text)
     final = None
+    tokens = []
     try:
         try:
             for event in events:
@@ -124,6 +129,7 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool
                     err.print(event.message, style="dim", soft_wrap=True)
                 else:
                     _show(out, event.text, event.reasoning, hide_thinking)
+                    tokens.append(event)
         except KeyboardInterrupt:
             final = events.throw(KeyboardInterrupt)
     except (KeyboardInterrupt, StopIteration):
@@ -139,9 +145,25 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool
         out.print(" [interrupted]", style="dim", end="", markup=False)
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if conv.settings.logprobs is not None:  # /set logprobs N: the API's figures, a line a token
+        err.print(logprob_lines(tokens, conv.engine.model.piece), style="dim", markup=False, soft_wrap=True)
     if show_stats:  # as for run: on a terminal, or with --stats
         err.print(stats_line(final), style="dim", soft_wrap=True)
     return final
+
+
+def logprob_lines(tokens, piece) -> str:
+    """Each answer token with its log-probability and the likeliest alternatives."""
+    from tallow.runtime.openai_api import token_logprob
+
+    lines = []
+    for ev in tokens:
+        if ev.logprob is None:
+            continue
+        e = token_logprob(ev, piece)
+        alts = ", ".join(f"{t['token']!r} {t['logprob']:.3f}" for t in e["top_logprobs"])
+        lines.append(f"  {e['token']!r} {e['logprob']:.3f}" + (f"   [{alts}]" if alts else ""))
+    return "\n".join(lines)
 
 
 def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
@@ -177,7 +199,9 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
     elif cmd == "/show":
         s = conv.settings.sampling
         say(f"model {name}\nsystem {conv.system!r}\ntemperature {s.temperature}, top_k {s.top_k}, top_p {s.top_p}, "
-            f"min_p {s.min_p}, repeat_penalty {s.repeat_penalty}, seed {s.seed}, max_tokens {conv.settings.max_tokens}\n"
+            f"min_p {s.min_p}, repeat_penalty {s.repeat_penalty}, seed {s.seed}, max_tokens {conv.settings.max_tokens}, "
+            f"draft {conv.settings.draft or 'off'}, logprobs "
+            f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
             f"context {conv.context_used()} / {conv.engine.n_ctx} tokens", markup=False, soft_wrap=True)
     elif cmd == "/stats":
         st = conv.summary()

@@ -72,25 +72,33 @@ def _say_fit(engine) -> None:
         err_console().print(f"note: {note}", soft_wrap=True, markup=False)
 
 
+def _attach_cache(engine, local: LocalModel) -> None:
+    from tallow.models.store import file_digest
+
+    engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
+
+
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):
     """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
-    from tallow.models.store import file_digest
     from tallow.runtime.engine import Engine
 
     local = find_model(text, offline)
     engine = Engine(local.paths, load)
     _say_fit(engine)
     if disk_cache:
-        engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
+        _attach_cache(engine, local)
     return local.name, engine
 
 
-def open_scheduler(text: str, load: LoadSettings, offline: bool, sched):
+def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cache: bool = True):
     """Return (name, Scheduler) for batch and serve: the model found or pulled, loaded for
-    `sched` (runtime.scheduler.SchedulerSettings) sequences at once."""
+    `sched` (runtime.scheduler.SchedulerSettings) sequences at once, with the prompt cache on
+    disk attached unless told not to."""
     from tallow.runtime.scheduler import Scheduler
 
     local = find_model(text, offline)
     scheduler = Scheduler.load(local.paths, load, sched)
     _say_fit(scheduler.engine)
+    if disk_cache:
+        _attach_cache(scheduler.engine, local)
     return local.name, scheduler

@@ -67,8 +67,15 @@ def one_shot(load, text: str, max_tokens: int | None, draft: bool):
     from tallow.runtime.machine import Workload
 
     work = Workload(len(text.encode("utf-8")) // 3 + 16, max_tokens or 512)  # ~3 bytes a token, and the template
-    flash = "on" if draft and load.flash_attn == "auto" else load.flash_attn
-    return replace(load, workload=work, flash_attn=flash)
+    return replace(with_draft(load, "lookup" if draft else None), workload=work)
+
+
+def with_draft(load, draft: str | None):
+    """serve and batch: `--draft lookup` for every request turns flash attention on (when
+    "auto"), as `run` does, so that drafted answers equal plain ones."""
+    from dataclasses import replace
+
+    return replace(load, flash_attn="on") if draft is not None and load.flash_attn == "auto" else load
 
 
 def parse_on_overflow(value: str) -> str:

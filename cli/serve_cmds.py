@@ -33,6 +33,8 @@ def serve(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
+    draft: o.Draft = None,
+    no_cache: o.NoCache = False,
     offline: o.Offline = False,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API.
@@ -50,10 +52,11 @@ def serve(
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
     sock = _listen(host, port)  # before loading: a taken port fails fast
-    name, sched = open_scheduler(model, o.load_settings(ctx, threads, gpu_layers, flash_attn), offline,
+    name, sched = open_scheduler(model, o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), offline,
                                  SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
                                                    max_queue=max_queue, max_tokens_cap=max_tokens,
-                                                   time_limit_s=timeout))
+                                                   time_limit_s=timeout, draft=o.parse_draft(draft)),
+                                 disk_cache=not no_cache)
     try:
         app = create_app(sched, ServerConfig(model=name, host=host, api_key=key, cors=tuple(cors or ()),
                                              max_body=max_body, max_tokens=max_tokens))

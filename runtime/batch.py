@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 from tallow.models.errors import TallowError
 
-from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request
+from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request, token_logprob
 from .scheduler import Failure, Scheduler
 from .types import FinalEvent
 
@@ -120,7 +120,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
     def collect(block: bool) -> None:
         while in_flight:
             try:
-                job, event = results.get(block=block)
+                job, event, entries = results.get(block=block)
             except queue.Empty:
                 return
             block = False
@@ -130,6 +130,8 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             elif isinstance(event, FinalEvent):
                 rid, _ = in_flight.pop(job)
                 record = {"id": rid, "text": event.text, **event.to_dict()}
+                if entries is not None:
+                    record["logprobs"] = {"content": entries}
                 write(record)
                 stats.done += 1
                 stats.completion_tokens += event.usage.completion_tokens
@@ -166,7 +168,8 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             while len(in_flight) >= window:
                 collect(block=True)
             try:
-                handle = sched.submit(request, on_event=_ends_to(results, lineno))
+                handle = sched.submit(request, on_event=_ends_to(results, lineno, engine.model.piece,
+                                                                 request.logprobs is not None))
             except TallowError as exc:
                 error(lineno, rid, f"line {lineno}: {exc.message}")
                 continue
@@ -180,12 +183,17 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
     return stats
 
 
-def _ends_to(results: queue.Queue, lineno: int) -> Callable:
-    """An event callback that passes on only how a request ended: a batch writes whole
-    records, so its per-token events would be queued just to be dropped."""
+def _ends_to(results: queue.Queue, lineno: int, piece, logprobs: bool) -> Callable:
+    """An event callback that passes on how a request ended (a batch writes whole records, so
+    its per-token events would be queued just to be dropped), with the tokens'
+    log-probabilities when the request asked for them (as the API gives them)."""
+    entries: list[dict[str, Any]] = []
+
     def on_event(event) -> None:
         if isinstance(event, (FinalEvent, Failure)):
-            results.put((lineno, event))
+            results.put((lineno, event, entries if logprobs else None))
+        elif logprobs and event.logprob is not None:
+            entries.append(token_logprob(event, piece))
 
     return on_event
 

@@ -15,9 +15,24 @@ from typing import Any, Iterator
 from .errors import ContextOverflow
 from .types import FinalEvent, NoticeEvent, Sampling, TokenEvent
 
+def _draft(value: str) -> str | None:
+    if value in ("lookup", "off"):
+        return None if value == "off" else value
+    raise ValueError("draft is 'lookup' or 'off'")
+
+
+def _logprobs(value: str) -> int | None:
+    if value == "off":
+        return None
+    n = int(value)
+    if not 0 <= n <= 20:
+        raise ValueError("logprobs is a number of alternatives from 0 to 20, or 'off'")
+    return n
+
+
 SETTABLE = {
     "temperature": float, "top_k": int, "top_p": float, "min_p": float,
-    "repeat_penalty": float, "seed": int, "max_tokens": int,
+    "repeat_penalty": float, "seed": int, "max_tokens": int, "draft": _draft, "logprobs": _logprobs,
 }
 
 
@@ -38,6 +53,9 @@ class ChatSettings:
     on_overflow: str = "drop"  # drop the oldest turns (keeping the system prompt) | error
     stop: tuple[str, ...] = ()
     raw: bool = False
+    draft: str | None = None  # "lookup": speculative decoding with drafts from the conversation
+    logprobs: int | None = None  # each answer token's log-probability, and this many alternatives
+    grammar: str | None = None  # every answer follows it (--format json, --json-schema)
 
 
 class Conversation:
@@ -61,10 +79,15 @@ class Conversation:
 
     def _fit(self, user: dict[str, Any]):
         dropped = 0
+        head = [{"role": "system", "content": self.system}] if self.system else []
         while True:
+            # A chat saves no whole prompt (no last token split off), only its system prompt,
+            # once: a later chat with the same one loads it from disk.
             request = self.engine.request(self._all([user]), raw=self.settings.raw, max_tokens=self.settings.max_tokens,
                                           stop=self.settings.stop, sampling=self.settings.sampling,
-                                          save_prompt=False)  # a chat never saves: no last token split off
+                                          save_prompt=False, cache_prefixes=[head] if head else [],
+                                          draft=self.settings.draft, logprobs=self.settings.logprobs,
+                                          grammar=self.settings.grammar)
             if len(request.prompt_tokens) + self._reserve() <= self.engine.n_ctx:
                 return request, dropped
             if self.settings.on_overflow == "error" or len(self.messages) < 2:
@@ -96,6 +119,8 @@ class Conversation:
             final = events.throw(KeyboardInterrupt)
         self._record(user, final)
         yield final
+        if final.finish_reason != "interrupted":  # after the answer: saving never delays one
+            self.engine.save_prompt(request)  # the system prompt, if it is not on disk yet
 
     def _record(self, user: dict[str, Any], final: FinalEvent) -> None:
         answer = {"role": "assistant", "content": final.text}
@@ -121,10 +146,15 @@ class Conversation:
             raise ValueError(f"unknown setting {name!r}; one of: {', '.join(SETTABLE)}")
         try:
             parsed = SETTABLE[name](value)
-        except ValueError:
+        except ValueError as exc:
+            if SETTABLE[name] in (_draft, _logprobs):
+                raise ValueError(f"{exc}, not {value!r}" if "'off'" in str(exc) else
+                                 f"{name} needs a number or 'off', not {value!r}") from None
             raise ValueError(f"{name} needs a {SETTABLE[name].__name__}, not {value!r}") from None
         if name == "max_tokens":
             self.settings.max_tokens = parsed if parsed > 0 else None
+        elif name in ("draft", "logprobs"):
+            setattr(self.settings, name, parsed)
         else:
             self.settings.sampling = replace(self.settings.sampling, **{name: parsed})
 

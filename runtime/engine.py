@@ -196,7 +196,7 @@ class Engine:
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later
         # run that loads the saved state must: llama.cpp's logits differ in the last bits
         # between batch sizes, and at temperature 0 that could change the answer.
-        split = disk is not None and disk.will_save(run.request)
+        split = disk is not None and disk.saves_prompt(run.request)
         body = todo[: len(todo) - split] if todo else todo
         chunks = [body[i:i + self.n_batch] for i in range(0, len(body), self.n_batch)]
         if split and todo:

@@ -87,10 +87,12 @@ class Parsed:
     json_format: bool
     schema: dict[str, Any] | None
     ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
+    draft: str | None = None  # tallow's extension: "lookup" drafts (speculative decoding)
+    save_prompt: bool = False  # tallow's extension: keep the whole prompt in the disk prompt cache
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
-                "ignore_eos": self.ignore_eos}
+                "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt}
 
 
 def _common(body: dict, limits: Limits) -> dict[str, Any]:
@@ -131,7 +133,10 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
         raise APIError("'stream_options' must be an object", param="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     json_format, schema = _response_format(body.get("response_format"))
-    return {"max_tokens": max_tokens, "stop": stops, "sampling": sampling, "stream": stream,
+    draft = body.get("draft")
+    if draft is not None and draft != "lookup":
+        raise APIError("'draft' must be \"lookup\" (drafts from the prompt and the answer so far)", param="draft")
+    return {"draft": draft, "save_prompt": _flag(body, "save_prompt"), "max_tokens": max_tokens, "stop": stops, "sampling": sampling, "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
             "ignore_eos": _flag(body, "ignore_eos")}
 
@@ -206,12 +211,17 @@ def parse_completion(body: dict, limits: Limits) -> Parsed:
 
 def to_request(engine, parsed: Parsed) -> Request:
     """The engine request for a checked one: tokens through the chat template (or plain text
-    for a completion), and the grammar for its response format."""
+    for a completion), and the grammar for its response format. The leading system messages
+    are a prefix worth keeping in the disk prompt cache (the prompt that many requests share)."""
     from .grammar import grammar_for
 
     grammar = grammar_for(parsed.json_format, parsed.schema)
     if parsed.messages is not None:
-        return engine.request(parsed.messages, grammar=grammar, **parsed.request_kwargs())
+        head = 0
+        while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
+            head += 1
+        prefixes = [parsed.messages[:head]] if head else []
+        return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, **parsed.request_kwargs())
     if isinstance(parsed.prompt, list):
         vocab = engine.model.n_vocab
         if not all(0 <= t < vocab for t in parsed.prompt):
@@ -235,6 +245,11 @@ def usage(final: FinalEvent) -> dict[str, Any]:
            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
     if u.reasoning_tokens:
         out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    # tallow's extensions: where the cached tokens came from, and what drafting achieved
+    if u.cache_source:
+        out["cache_source"] = u.cache_source
+    if u.draft_tokens:
+        out["draft_tokens"], out["accepted_tokens"] = u.draft_tokens, u.accepted_tokens
     return out
 
 

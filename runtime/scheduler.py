@@ -424,7 +424,7 @@ class Scheduler:
         final = job.run.final()
         self._count(final)
         disk = self.engine.disk
-        saving = disk is not None and job.slot is not None and disk.will_save(job.request)
+        saving = disk is not None and job.slot is not None and bool(disk.prefixes(job.request))
         if saving:
             self._emit(job, final)  # the answer first: saving its prompt never delays it
             disk.save(job.slot.sequence, job.request)

@@ -77,10 +77,19 @@ class DiskPrefixes:
     def applies(self, request: Request) -> bool:
         return request.disk_cache
 
-    def will_save(self, request: Request) -> bool:
-        """Whether the request's prompt will be saved when it finishes (its last token is then
-        evaluated alone, as a later run that loads the prefix must: see `save`)."""
+    def saves_prompt(self, request: Request) -> bool:
+        """Whether the whole prompt will be saved when the request finishes (its last token is
+        then evaluated alone, as a later run that loads the prefix must: see `save`)."""
         return request.disk_cache and request.save_prompt and len(request.prompt_tokens) > self.cache.min_tokens
+
+    def prefixes(self, request: Request) -> list[int]:
+        """The prefix lengths to save when the request finishes, longest first."""
+        if not request.disk_cache:
+            return []
+        ends = {n for n in request.cache_points if self.cache.min_tokens <= n < len(request.prompt_tokens)}
+        if self.saves_prompt(request):
+            ends.add(len(request.prompt_tokens) - 1)
+        return sorted(ends, reverse=True)
 
     def load_longest(self, seq: Sequence, prompt: list[int], cached: int, usage: Usage) -> int:
         """Load the longest saved prefix that beats the `cached` tokens memory holds; returns the
@@ -111,12 +120,10 @@ class DiskPrefixes:
         this one did (no hole left by trimming, which would shift llama.cpp's summation order
         and, at temperature 0, the answer).
         """
-        if not self.will_save(request):
-            return 0
         cache, prompt, written = self.cache, request.prompt_tokens, 0
-        for n in sorted({*request.cache_points, len(prompt) - 1}, reverse=True):
+        for n in self.prefixes(request):
             tokens = prompt[:n]
-            if n < cache.min_tokens or seq.kv[:n] != tokens or cache.has(self.fingerprint, tokens):
+            if seq.kv[:n] != tokens or cache.has(self.fingerprint, tokens):
                 continue
             seq.keep(n)
             written += cache.put(self.fingerprint, tokens, seq.save) is not None
