@@ -1,8 +1,9 @@
 """What a quantization cost: perplexity, KL divergence from a base model, top-1 agreement.
 
-Perplexity follows llama.cpp's perplexity tool: the text is cut into windows of the
-context size; each window starts with BOS (when the model adds one) and only its second
-half is scored, so every scored token has at least half a window of context.
+Perplexity follows llama.cpp's perplexity tool exactly: the whole text is tokenized as that
+tool does (with BOS in front when the model adds one), cut into windows of the context size,
+the first token of each window replaced by BOS (when the model adds one), and only each
+window's second half scored, so every scored token has at least half a window of context.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class EvalResult:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "bits_per_weight": round(self.bits_per_weight, 3)}
+
+
+def text_tokens(engine, text: str) -> list[int]:
+    """The text's tokens as llama.cpp's perplexity tool takes them: with the model's special
+    tokens (BOS first, when it adds one), special-token text read as text. Leaving BOS out
+    would shift every window by a token against the tool's (1.2% on Gemma 3)."""
+    return engine.model.tokenize(text, add_special=True, parse_special=False)
 
 
 def windows(tokens: list[int], n_ctx: int, max_windows: int | None, bos: int | None) -> list[list[int]]:
@@ -93,7 +101,7 @@ def evaluate(engine, name: str, text: str, n_ctx: int, max_windows: int | None =
 
     if base is not None and base.model.n_vocab != engine.model.n_vocab:
         raise QuantizeError("the base model has a different vocabulary: KL divergence needs the same one")
-    tokens = engine.tokenize(text)
+    tokens = text_tokens(engine, text)
     bos = engine.model.bos if engine.model.add_bos else None
     wins = windows(tokens, n_ctx, max_windows, bos)
     nlls, klds, agree = [], [], []

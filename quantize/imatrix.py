@@ -17,7 +17,7 @@ from tallow.models.resolve import LocalModel
 from tallow.runtime.types import LoadSettings
 
 from .errors import QuantizeError
-from .evaluate import shipped_text, windows
+from .evaluate import shipped_text, text_tokens, windows
 
 
 def compute_imatrix(model: LocalModel, text: str | None, n_ctx: int, max_chunks: int | None, load: LoadSettings,
@@ -31,7 +31,7 @@ def compute_imatrix(model: LocalModel, text: str | None, n_ctx: int, max_chunks:
     stats = ActivationStats()
     # CPU only: the observer reads activations from host memory
     with Engine(model.paths, replace(load, n_ctx=n_ctx, gpu_layers="0", observer=stats)) as engine:
-        tokens = engine.tokenize(text if text is not None else shipped_text())
+        tokens = text_tokens(engine, text if text is not None else shipped_text())  # as llama-imatrix does
         wins = windows(tokens, n_ctx, max_chunks, engine.model.bos if engine.model.add_bos else None)
         for k, w in enumerate(wins):
             engine.logits_for(w)

@@ -76,7 +76,7 @@ def _as_token(text: str) -> str:
 
 
 def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | None = None,
-                         template: str = CHATML) -> Path:
+                         template: str = CHATML, add_bos: bool = False) -> Path:
     """Random weights; or, with `script` ({token: next token}), weights that make greedy
     decoding follow the script: attention and feed-forward are zero, so the residual stream
     is the token's embedding, and the output matrix maps each embedding to its successor."""
@@ -92,7 +92,7 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | 
     eot = tokens.index("<|endoftext|>")
     w.add_bos_token_id(eot)
     w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     w.add_chat_template(template)
     weight_scale = 0.0 if script else 0.5
 

@@ -12,7 +12,7 @@ from conftest import _test_home, run_tallow
 from tallow.models.resolve import locate
 from tallow.models.store import Store
 from tallow.quantize.errors import QuantizeError
-from tallow.quantize.evaluate import score_window, shipped_text, windows
+from tallow.quantize.evaluate import score_window, shipped_text, text_tokens, windows
 
 
 def dequantize_to_f16(src, dest):
@@ -92,7 +92,7 @@ def test_perplexity_matches_an_independent_computation(default_model):
     text = shipped_text()
     with Engine(default_model, LoadSettings(n_ctx=256, n_threads=2, flash_attn="off")) as engine:
         ours = evaluate(engine, "m", text, 256, max_windows=3)
-        wins = windows(engine.tokenize(text), 256, 3, engine.model.bos if engine.model.add_bos else None)
+        wins = windows(text_tokens(engine, text), 256, 3, engine.model.bos if engine.model.add_bos else None)
     llm = Llama(str(default_model), n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=2)
     nll = []
     for w in wins:
@@ -108,6 +108,40 @@ def test_perplexity_matches_an_independent_computation(default_model):
     assert ours.ppl == pytest.approx(theirs, rel=2e-3)
     # and our scoring helper agrees with itself on those logits
     assert score_window(np.zeros((8, 5), dtype=np.float32), [0, 1, 2, 3, 4, 0, 1, 2])[0] == pytest.approx([np.log(5)] * 3)
+
+
+def test_perplexity_windows_are_llama_perplexity_s_on_a_model_that_adds_bos(tmp_path):
+    """llama.cpp's perplexity tool tokenizes the whole text with BOS in front, cuts windows of
+    n_ctx from that, and puts BOS in place of each window's first token. Windows cut from the
+    text without BOS are shifted by one token: a different perplexity (1.2% on Gemma 3)."""
+    from llama_cpp import Llama
+
+    from synth import write_synthetic_gguf
+    from tallow.quantize.evaluate import evaluate
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    path = write_synthetic_gguf(tmp_path / "bos.gguf", add_bos=True)
+    text = shipped_text()[:6000]
+    with Engine(path, LoadSettings(n_ctx=128, n_threads=2, flash_attn="off")) as engine:
+        assert engine.model.add_bos
+        bos = engine.model.bos
+        ours = evaluate(engine, "m", text, 128, max_windows=4)
+        plain = engine.tokenize(text)  # the text alone, no special tokens
+    # the tool's windows, built here from its description: BOS + text, cut, first token -> BOS
+    whole = [bos] + plain
+    tool = [[bos] + whole[k * 128 + 1:(k + 1) * 128] for k in range(4)]
+    assert tool != [[bos] + plain[k * 128 + 1:(k + 1) * 128] for k in range(4)]  # the shift matters
+    llm = Llama(str(path), n_ctx=128, n_batch=128, logits_all=True, verbose=False, n_threads=2)
+    nll = []
+    for w in tool:
+        llm.reset()
+        llm.eval(w)
+        logits = np.asarray(llm.scores[: len(w)], dtype=np.float64)
+        nll.append(score_window(logits, w)[0])
+    theirs = float(np.exp(np.concatenate(nll).mean()))
+    assert ours.scored == 4 * 63
+    assert ours.ppl == pytest.approx(theirs, rel=1e-4)
 
 
 def test_bad_inputs_are_clear_and_register_nothing(quantized, f16_model, tmp_path):

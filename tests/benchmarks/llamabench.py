@@ -1,11 +1,12 @@
-"""llama.cpp's own llama-bench, built from the very source llama-cpp-python vendors, and a
-way to run tallow in a fresh process as a user would: the two sides of the comparisons in
-busy.py, repack.py and defaults.py.
+"""llama.cpp's own tools (llama-bench, llama-perplexity, llama-server), built from the very
+source llama-cpp-python vendors, and a way to run tallow in a fresh process as a user would:
+the two sides of the comparisons in busy.py, repack.py, defaults.py, perplexity.py and
+llamaserver.py.
 
-The build (about 5 minutes on 2 cores) goes to ~/.cache/tallow-bench once: pip downloads
-llama-cpp-python's source distribution from the configured index (no other network), and
-CMake builds the llama-bench target with llama-cpp-python's own defaults (GGML_NATIVE).
-`--llama-bench PATH` or TALLOW_LLAMA_BENCH names a binary instead.
+The build (about 5 minutes a tool on 2 cores) goes to ~/.cache/tallow-bench once: pip
+downloads llama-cpp-python's source distribution from the configured index (no other
+network), and CMake builds the target with llama-cpp-python's own defaults (GGML_NATIVE).
+`--llama-bench PATH` or TALLOW_LLAMA_BENCH names a llama-bench binary instead.
 """
 
 from __future__ import annotations
@@ -23,14 +24,19 @@ CACHE = Path.home() / ".cache" / "tallow-bench"
 
 
 def llama_bench(explicit: str | None = None) -> Path:
-    given = explicit or os.environ.get("TALLOW_LLAMA_BENCH")
-    if given:
-        return Path(given)
+    return llama_tool("llama-bench", explicit or os.environ.get("TALLOW_LLAMA_BENCH"))
+
+
+def llama_tool(target: str, explicit: str | None = None) -> Path:
+    """A llama.cpp tool (llama-bench, llama-perplexity, llama-server) built once from the source
+    llama-cpp-python vendors; `explicit` names a binary instead."""
+    if explicit:
+        return Path(explicit)
     ver = version("llama-cpp-python")
-    out = CACHE / f"llama.cpp-{ver}" / "build" / "bin" / "llama-bench"
+    src = CACHE / f"llama.cpp-{ver}"
+    out = src / "build" / "bin" / target
     if out.exists():
         return out
-    src = CACHE / f"llama.cpp-{ver}"
     if not (src / "CMakeLists.txt").exists():
         with tempfile.TemporaryDirectory() as tmp:
             print(f"fetching llama-cpp-python {ver}'s source through pip ...", file=sys.stderr)
@@ -43,11 +49,11 @@ def llama_bench(explicit: str | None = None) -> Path:
                 for m in members:
                     m.name = m.name[len(prefix):]
                 tf.extractall(src, members=[m for m in members if m.name], filter="data")
-    print("building llama-bench (once) ...", file=sys.stderr)
+    print(f"building {target} (once) ...", file=sys.stderr)
     subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"],
                    check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(src / "build"), "--target", "llama-bench", "-j", str(os.cpu_count() or 2)],
+    subprocess.run(["cmake", "--build", str(src / "build"), "--target", target, "-j", str(os.cpu_count() or 2)],
                    check=True, stdout=subprocess.DEVNULL)
     return out
 

@@ -1,0 +1,74 @@
+"""`tallow eval` against llama.cpp's own perplexity tool, on a model without BOS (the default
+model) and on one whose tokenizer adds BOS (a synthetic model written with add_bos): the same
+text, the same windows. Exits non-zero unless they agree to four decimals on both.
+
+    python tests/benchmarks/perplexity.py [--ctx 256] [--chunks 6]
+
+llama-perplexity runs one window per batch (-b = --ctx), as tallow evaluates, on 2 threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def llama_perplexity(binary: Path, model: Path, text: Path, ctx: int, chunks: int) -> tuple[float, int]:
+    done = subprocess.run([str(binary), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
+                           "--chunks", str(chunks), "-t", "2"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-perplexity failed ({done.returncode}): {done.stderr[-600:]}")
+    ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", done.stdout + done.stderr).group(1))
+    return ppl, chunks * (ctx - ctx // 2 - 1)
+
+
+def tallow_eval(env: dict, model: Path, text: Path, ctx: int, chunks: int) -> tuple[float, int]:
+    done = subprocess.run([sys.executable, "-m", "tallow.cli", "eval", str(model), "--text", str(text), "--ctx", str(ctx),
+                           "--chunks", str(chunks), "--json", "--threads", "2"], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"tallow eval failed ({done.returncode}): {done.stderr[-600:]}")
+    (row,) = json.loads(done.stdout)
+    return row["ppl"], row["scored"]
+
+
+def main() -> int:
+    from benchmarks.llamabench import llama_tool, tallow_env
+    from conftest import _test_home
+    from synth import write_synthetic_gguf
+    from tallow.quantize.evaluate import shipped_text
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--chunks", type=int, default=6)
+    args = ap.parse_args()
+    binary = llama_tool("llama-perplexity")
+    home = _test_home()
+    env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
+    default = next((home / "models" / "blobs").glob("*"), None)
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "eval.txt"
+        text.write_text(shipped_text(), encoding="utf-8")
+        models = {"synthetic, adds BOS": write_synthetic_gguf(Path(tmp) / "bos.gguf", add_bos=True),
+                  "synthetic, no BOS": write_synthetic_gguf(Path(tmp) / "nobos.gguf")}
+        if default is not None:
+            models["SmolLM2-135M (no BOS)"] = default
+        print(f"{'model':<24} {'llama-perplexity':>17} {'tallow eval':>12} {'scored':>7}  agree")
+        for name, path in models.items():
+            theirs, n_theirs = llama_perplexity(binary, path, text, args.ctx, args.chunks)
+            ours, n_ours = tallow_eval(env, path, text, args.ctx, args.chunks)
+            agree = round(theirs, 4) == round(ours, 4) or abs(theirs - ours) / theirs < 1e-5
+            failed |= not agree or n_ours != n_theirs
+            print(f"{name:<24} {theirs:>17.4f} {ours:>12.4f} {n_ours:>7}  {'yes' if agree else 'NO'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
