@@ -96,38 +96,44 @@ def bench(
 
 
 def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn) -> list[dict]:
+    """Each N through the scheduler serve uses (a KV stream per slot, as serve loads it)."""
     from dataclasses import replace
 
     import statistics
 
     from tallow.models.gguf_file import read_gguf
     from tallow.runtime import bench as B
-    from tallow.runtime.engine import Engine
+    from tallow.runtime.scheduler import Scheduler, SchedulerSettings
 
     n_threads, n_batch, ngl = combo
     rows = []
     for model in local:
-        load = replace(o.load_settings(max(ns) * (n_prompt + n_gen) + 16, n_threads, str(ngl), flash_attn),
-                       n_batch=max(n_batch, max(ns)), type_k=ctk, type_v=ctv, n_seq_max=max(ns) + 1)
-        with Engine(model.paths, load) as engine:
-            params = sum(read_gguf(p).n_params for p in model.paths)
-            for n in ns:
-                res = B.run_parallel(engine, n, n_prompt, n_gen, reps)
-                samples = [n * n_gen / s for s in res.decode_s]
-                rows.append({
-                    "model_filename": str(model.path), "model_name": model.name,
-                    "model_size": sum(p.stat().st_size for p in model.paths), "model_n_params": params,
-                    "n_batch": load.n_batch, "n_ubatch": load.n_batch, "n_threads": n_threads, "n_gpu_layers": ngl,
-                    "type_k": ctk, "type_v": ctv, "flash_attn": engine.flash_attn, "n_prompt": n_prompt, "n_gen": n_gen,
-                    "n_depth": 0, "n_parallel": n, "test": f"pp{n_prompt}+tg{n_gen} x{n}",
-                    "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "avg_ts": statistics.mean(samples), "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
-                    "avg_ns": int(statistics.mean(res.decode_s) * 1e9),
-                    "stddev_ns": int(statistics.stdev(res.decode_s) * 1e9) if len(samples) > 1 else 0, "samples_ts": samples,
-                    "samples_ns": [round(s * 1e9) for s in res.decode_s], "ttft_ms": res.ttft_p50, "itl_ms": res.itl_p50,
-                    "peak_memory_bytes": B.rss_bytes(), "bandwidth_bytes_per_s": None, "bytes_per_token": None,
-                    "bandwidth_fraction": None, "joules_per_token": None,
-                })
+        params = sum(read_gguf(p).n_params for p in model.paths)
+        for n in ns:
+            load = replace(o.load_settings(n * (n_prompt + n_gen + 16), n_threads, str(ngl), flash_attn),
+                           n_batch=max(n_batch, n), type_k=ctk, type_v=ctv)
+            sched = Scheduler.load(model.paths, load, SchedulerSettings(parallel=n, max_queue=n))
+            try:
+                res = B.run_parallel(sched, n_prompt, n_gen, reps)
+                flash = sched.engine.flash_attn
+            finally:
+                sched.close()
+            samples = res.samples_ts
+            rows.append({
+                "model_filename": str(model.path), "model_name": model.name,
+                "model_size": sum(p.stat().st_size for p in model.paths), "model_n_params": params,
+                "n_batch": load.n_batch, "n_ubatch": load.n_batch, "n_threads": n_threads, "n_gpu_layers": ngl,
+                "type_k": ctk, "type_v": ctv, "flash_attn": flash, "n_prompt": n_prompt, "n_gen": n_gen,
+                "n_depth": 0, "n_parallel": n, "test": f"pp{n_prompt}+tg{n_gen} x{n}",
+                "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "avg_ts": statistics.mean(samples), "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                "avg_ns": int(statistics.mean(res.decode_s) * 1e9),
+                "stddev_ns": int(statistics.stdev(res.decode_s) * 1e9) if len(samples) > 1 else 0, "samples_ts": samples,
+                "samples_ns": [round(s * 1e9) for s in res.decode_s], "decode_tokens": res.decode_tokens,
+                "ttft_ms": res.ttft_p50, "itl_ms": res.itl_p50,
+                "peak_memory_bytes": B.rss_bytes(), "bandwidth_bytes_per_s": None, "bytes_per_token": None,
+                "bandwidth_fraction": None, "joules_per_token": None,
+            })
     return rows
 
 

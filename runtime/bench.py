@@ -162,9 +162,10 @@ class ParallelResult:
     n_parallel: int
     n_prompt: int
     n_gen: int
-    ttft_ms: list[float]
-    itl_ms: list[float]  # every decode step's duration (one token for each sequence)
-    decode_s: list[float]
+    ttft_ms: list[float]  # every request's, from its submission
+    itl_ms: list[float]  # every gap between two tokens of one request
+    decode_s: list[float]  # per repetition: from when every request is decoding to the last token
+    decode_tokens: list[int]  # ... and the tokens produced in that time
 
     @property
     def ttft_p50(self) -> float:
@@ -174,50 +175,39 @@ class ParallelResult:
     def itl_p50(self) -> float:
         return statistics.median(self.itl_ms)
 
+    @property
+    def samples_ts(self) -> list[float]:
+        return [n / s for n, s in zip(self.decode_tokens, self.decode_s)]
 
-def run_parallel(engine, n_parallel: int, n_prompt: int, n_gen: int, reps: int) -> ParallelResult:
-    """N requests arriving together: their prompts prefilled in shared batches, then one batch
-    per step carrying the next token of every sequence (llama.cpp's batched decoding)."""
-    from .backend import Sampler, SamplerParams
 
-    if n_parallel * (n_prompt + n_gen) > engine.n_ctx:
-        raise ValueError(f"{n_parallel} sequences of {n_prompt + n_gen} tokens need a context of "
-                         f"{n_parallel * (n_prompt + n_gen)}; it holds {engine.n_ctx}")
+def run_parallel(scheduler, n_prompt: int, n_gen: int, reps: int) -> ParallelResult:
+    """N requests submitted together to the scheduler that serve and batch use: their prompts
+    prefilled in shared batches, then a batch per step with the next token of each. Timings
+    are the requests' own (runtime/sequence.py), so these are the figures of the product."""
+    from .types import Request, Sampling
+
+    n = len(scheduler.slots)
     rng = random.Random(7)
-    vocab = engine.model.n_vocab
-    prompts = [[rng.randrange(vocab) for _ in range(n_prompt)] for _ in range(n_parallel)]
-    ctx, nb = engine.ctx, engine.n_batch
-    result = ParallelResult(n_parallel, n_prompt, n_gen, [], [], [])
-    sampler = Sampler(engine.model, SamplerParams(0.0, 0, 1.0, 0.0, 1.0, 64, 0))
-    try:
-        for rep in range(reps + 1):
-            engine.reset()
-            entries = [(t, p, s, p == n_prompt - 1) for s, prompt in enumerate(prompts) for p, t in enumerate(prompt)]
-            started = time.perf_counter()
-            for i in range(0, len(entries), nb):
-                chunk = entries[i:i + nb]
-                ctx.decode_batch(chunk)
-                for j, entry in enumerate(chunk):  # the first token of each sequence whose prompt ended here
-                    if entry[3]:
-                        sampler.sample(ctx, j)  # indexed by the token's place in the batch
-            ttft = (time.perf_counter() - started) * 1000
-            steps, pos = [], n_prompt
-            step_start = time.perf_counter()
-            for _ in range(n_gen):
-                t0 = time.perf_counter()
-                ctx.decode_batch([(rng.randrange(vocab), pos, s, True) for s in range(n_parallel)])
-                for k in range(n_parallel):
-                    sampler.sample(ctx, k)
-                steps.append((time.perf_counter() - t0) * 1000)
-                pos += 1
-            if rep == 0:
-                continue
-            result.ttft_ms.append(ttft)
-            result.itl_ms += steps
-            result.decode_s.append(time.perf_counter() - step_start)
-    finally:
-        sampler.close()
-        engine.reset()
+    vocab = scheduler.engine.model.n_vocab
+    result = ParallelResult(n, n_prompt, n_gen, [], [], [], [])
+    for rep in range(reps + 1):  # repetition 0 is the warm-up
+        prompts = [[rng.randrange(vocab) for _ in range(n_prompt)] for _ in range(n)]  # no prefix reuse
+        handles = [scheduler.submit(Request(p, n_gen, (), Sampling(temperature=0.0), ignore_eos=True, disk_cache=False))
+                   for p in prompts]
+        finals = [h.result() for h in handles]
+        if rep == 0:
+            continue
+        # token times from submission (all submitted at once): the first, then each gap
+        times = [[f.timings.ttft_ms] for f in finals]
+        for t, f in zip(times, finals):
+            for gap in f.timings.itl_ms:
+                t.append(t[-1] + gap)
+        everyone = max(t[0] for t in times)  # from here on, every request is decoding
+        end = max(t[-1] for t in times)
+        result.decode_tokens.append(sum(1 for t in times for x in t if x > everyone))
+        result.decode_s.append((end - everyone) / 1000)
+        result.ttft_ms += [f.timings.ttft_ms for f in finals]
+        result.itl_ms += [g for f in finals for g in f.timings.itl_ms]
     return result
 
 

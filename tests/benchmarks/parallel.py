@@ -127,8 +127,7 @@ def measure(model: Path, n: int, mode: str, reps: int) -> tuple[dict, list[list[
             token_prompts = [sched.engine.tokenize(t, special=True)[:N_PROMPT]
                              for t in prompts(words, n, seed=rep * 100 + n)]
             for s in sched.slots:  # no prefix reuse between rounds
-                sched.engine.ctx.seq_rm(s.seq, 0, -1)
-                s.kv.clear()
+                s.sequence.clear()
             r = in_process(sched, token_prompts)
             rounds.append(token_prompts)
             if rep and (best is None or r["agg_tps"] > best["agg_tps"]):
