@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 
 import typer
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
 from . import options as o
 from .models import open_scheduler
@@ -40,8 +40,8 @@ def batch(
 
     Example: tallow batch questions.jsonl -o answers.jsonl --parallel 8
     """
-    from tallow.runtime.batch import BatchStats, count_requests, open_output, previous_results, read_lines, run_batch
-    from tallow.runtime.openai_api import Limits
+    from tallow.serve.batch import BatchStats, count_requests, open_output, previous_results, read_lines, run_batch
+    from tallow.serve.openai_api import Limits
     from tallow.runtime.scheduler import SchedulerSettings
 
     if not input.is_file():

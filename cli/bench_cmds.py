@@ -169,7 +169,7 @@ def _load_saved(path: Path) -> dict:
         rows = json.loads(path.read_text())
         return {tuple(r[k] for k in KEY): r for r in rows}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        from tallow.models.errors import TallowError
+        from tallow.common.errors import TallowError
 
         raise TallowError(f"cannot read saved results {path}: {exc}", "write them with tallow bench ... --save FILE") from exc
 

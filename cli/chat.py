@@ -154,7 +154,7 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool
 
 def logprob_lines(tokens, piece) -> str:
     """Each answer token with its log-probability and the likeliest alternatives."""
-    from tallow.runtime.openai_api import token_logprob
+    from tallow.serve.openai_api import token_logprob
 
     lines = []
     for ev in tokens:

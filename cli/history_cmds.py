@@ -61,7 +61,7 @@ def logs(
         else:
             err_console().print("no history yet", soft_wrap=True)
         return
-    from tallow.models.errors import TallowError
+    from tallow.common.errors import TallowError
     from tallow.runtime.history import History
 
     try:

@@ -72,7 +72,7 @@ def _say_fit(engine) -> None:
         err_console().print(f"note: {note}", soft_wrap=True, markup=False)
 
 
-def _attach_cache(engine, local: LocalModel) -> None:
+def _attach_cache(engine, local) -> None:
     from tallow.models.store import file_digest
 
     engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))

@@ -128,7 +128,7 @@ def check_structured(text: str, finish_reason: str, schema) -> None:
     """The grammar makes every complete answer parse; say so loudly when it is not complete."""
     import json
 
-    from tallow.models.errors import TallowError
+    from tallow.common.errors import TallowError
 
     if finish_reason != "stop":
         raise TallowError(f"the JSON answer was cut ({finish_reason}) and is incomplete", "raise --max-tokens or --ctx")

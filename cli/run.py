@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 from tallow.runtime.types import FinalEvent, Request, Sampling
 
 from . import options as o
@@ -102,7 +102,7 @@ def run(
         if as_json:
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
             if logprobs is not None:
-                from tallow.runtime.openai_api import token_logprob
+                from tallow.serve.openai_api import token_logprob
 
                 out["logprobs"] = {"content": [token_logprob(ev, engine.model.piece) for ev in tokens]}
             sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
 from . import options as o
 from . import settings
@@ -45,7 +45,7 @@ def serve(
     Example: tallow serve smollm2:135m --port 8080 --parallel 4
     """
     from tallow.runtime.scheduler import SchedulerSettings
-    from tallow.runtime.server import ServerConfig, create_app, is_loopback
+    from tallow.serve.server import ServerConfig, create_app, is_loopback
 
     key = api_key or settings.api_key()
     if not is_loopback(host) and not key:

@@ -71,7 +71,7 @@ def parse_size(text: str) -> int | None:
 def _size(setting: Setting) -> int:
     size = parse_size(setting.raw() or setting.default)
     if size is None:
-        from tallow.models.errors import TallowError
+        from tallow.common.errors import TallowError
 
         raise TallowError(f"{setting.name}={setting.raw()!r} is not a size", "e.g. 2GiB, 500MB or 1073741824")
     return size
@@ -84,7 +84,7 @@ def cache_max_bytes() -> int:
 def cache_min_tokens() -> int:
     value = (CACHE_MIN.raw() or CACHE_MIN.default).strip()
     if not value.isdigit():
-        from tallow.models.errors import TallowError
+        from tallow.common.errors import TallowError
 
         raise TallowError(f"{CACHE_MIN.name}={value!r} is not a number of tokens")
     return int(value)
@@ -93,7 +93,7 @@ def cache_min_tokens() -> int:
 def cpu_repack() -> str:
     value = (CPU_REPACK.raw() or CPU_REPACK.default).strip().lower()
     if value not in ("auto", "on", "off"):
-        from tallow.models.errors import TallowError
+        from tallow.common.errors import TallowError
 
         raise TallowError(f"{CPU_REPACK.name}={CPU_REPACK.raw()!r} is not auto, on or off")
     return value
@@ -164,7 +164,7 @@ def context_length() -> int:
     if not value:
         return int(CONTEXT.default)
     if not value.isdigit() or int(value) < 16:
-        from tallow.models.errors import TallowError
+        from tallow.common.errors import TallowError
 
         raise TallowError(f"{CONTEXT.name}={value!r} is not a context size", "set a whole number of tokens, e.g. 4096")
     return int(value)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 from tallow.models.gguf_file import read_gguf
 from tallow.models.refs import PathRef, parse_ref
 

@@ -1,17 +1,10 @@
-"""Errors every layer raises: a message for the user and a hint saying what to do."""
+"""The model store's errors (the base, TallowError, lives in tallow.common.errors)."""
 
 from __future__ import annotations
 
+from tallow.common.errors import TallowError
 
-class TallowError(Exception):
-    """Base of tallow's own errors; the CLI prints `message` and `hint` on one line each."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+__all__ = ["TallowError", "ModelNotFound", "InvalidName", "FetchError", "OfflineError", "IntegrityError", "GGUFError"]
 
 
 class ModelNotFound(TallowError):

@@ -16,7 +16,9 @@ from .hub import Hub, choose
 from .memory import available_memory
 from .names import parse_name
 from .refs import HubRef
-from .store import Manifest, Store, StoredFile, sha256_file
+from tallow.common.files import sha256_file
+
+from .store import Manifest, Store, StoredFile
 
 
 @dataclass

@@ -7,7 +7,6 @@ A model imported with --link has no blob: its manifest points at the user's file
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -16,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tallow.common.files import sha256_file, write_atomic
+
 from .errors import IntegrityError, InvalidName, ModelNotFound, TallowError
 from .names import ModelName, check_digest, near_names, parse_name, shown
 
 MANIFEST_SCHEMA = 1
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -224,31 +224,6 @@ def _prune_empty(folder: Path, stop: Path) -> None:
     while folder != stop and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a sibling temporary file, fsync, then rename over the target."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                h.update(chunk)
-    except OSError as exc:
-        raise TallowError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    return h.hexdigest()
 
 
 def file_digest(path: Path, index: Path) -> str:

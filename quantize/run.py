@@ -13,7 +13,8 @@ from tallow.models.download import check_disk, disk_free
 from tallow.models.gguf_file import read_gguf
 from tallow.models.pull import gguf_facts
 from tallow.models.resolve import LocalModel
-from tallow.models.store import Manifest, Store, StoredFile, sha256_file
+from tallow.common.files import sha256_file
+from tallow.models.store import Manifest, Store, StoredFile
 
 from .errors import QuantizeError
 from .types import SOURCE_TYPES, ggml_type_id, quant_type

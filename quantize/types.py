@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ class Conversation:
         return len(self.engine.request(self._all([]), raw=self.settings.raw).prompt_tokens) if (self.messages or self.system) else 0
 
     def save(self, path: Path) -> None:
-        from tallow.models.store import write_atomic
+        from tallow.common.files import write_atomic
 
         data = {"system": self.system, "messages": self.messages, "settings": {
             "sampling": asdict(self.settings.sampling), "max_tokens": self.settings.max_tokens}}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
 
 class BackendError(TallowError):

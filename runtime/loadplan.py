@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
 from .types import LoadSettings
 

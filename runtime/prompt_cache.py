@@ -143,7 +143,7 @@ class PromptCache:
         return entry
 
     def _write_record(self, entry: Entry) -> None:
-        from tallow.models.store import write_atomic
+        from tallow.common.files import write_atomic
 
         write_atomic(entry.record_path, json.dumps(entry.record()).encode())
 

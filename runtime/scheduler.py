@@ -25,11 +25,11 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
 from .engine import Engine
 from .errors import BackendError, ContextOverflow
-from .metrics import Histogram
+from .histogram import Histogram
 from .sequence import OutputStream, Sequence, common_prefix
 from .speculative import LookupDrafter, verify
 from .types import FinalEvent, LoadSettings, Request, TokenEvent

@@ -17,7 +17,8 @@ from tallow.models.catalog import SMOLLM2_135M
 from tallow.models.errors import FetchError, IntegrityError, OfflineError
 from tallow.models.pull import PullOptions, pull
 from tallow.models.resolve import locate
-from tallow.models.store import Store, sha256_file
+from tallow.common.files import sha256_file
+from tallow.models.store import Store
 
 
 def fetch_model(spec, store, urls, offline=False, on_progress=None):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import run_tallow
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 from tallow.models.gguf_file import read_gguf
 from tallow.models.memory import Shape, check_fit, estimate, largest_context, layers_for_vram
 

@@ -17,7 +17,7 @@ def test_wheel_installs_only_the_tallow_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"tallow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    for pkg in ("cli", "runtime", "models", "quantize"):
+    for pkg in ("cli", "serve", "runtime", "models", "quantize", "common"):
         assert f"tallow/{pkg}/__init__.py" in names
     assert "tallow/__init__.py" not in names  # a namespace: no modules of its own
     assert "tallow/quantize/data/eval.txt" in names  # `tallow eval` works offline from a wheel install
@@ -25,7 +25,7 @@ def test_wheel_installs_only_the_tallow_package(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
     installed = {p.name for p in target.iterdir()} - {"bin"}
-    assert not installed & {"cli", "runtime", "models", "quantize", "tests"}
+    assert not installed & {"cli", "serve", "runtime", "models", "quantize", "common", "tests"}
     assert "tallow" in installed
     entry = (next(target.glob("tallow-*.dist-info")) / "entry_points.txt").read_text()
     assert "tallow = tallow.cli.entry:main" in entry

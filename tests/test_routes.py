@@ -55,7 +55,7 @@ def via_chat(model, home, user, *, stop=None, schema=None, draft=False, logprobs
     from tallow.runtime.chat import ChatSettings, Conversation
     from tallow.runtime.engine import Engine
     from tallow.runtime.grammar import grammar_for
-    from tallow.runtime.openai_api import token_logprob
+    from tallow.serve.openai_api import token_logprob
     from tallow.runtime.prompt_cache import PromptCache
     from tallow.runtime.types import FinalEvent, LoadSettings, Sampling, TokenEvent
 

@@ -13,7 +13,8 @@ import pytest
 from conftest import run_tallow
 from tallow.models.errors import IntegrityError, InvalidName
 from tallow.models.names import parse_name
-from tallow.models.store import Manifest, Store, sha256_file
+from tallow.common.files import sha256_file
+from tallow.models.store import Manifest, Store
 
 
 def test_import_copy_and_link_then_list_show_rm(synth_model, tmp_path):

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
-from .types import FinalEvent, Request, Sampling, TokenEvent
+from tallow.runtime.types import FinalEvent, Request, Sampling, TokenEvent
 
 
 class APIError(TallowError):
@@ -154,7 +154,7 @@ def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
         raise APIError("'response_format.json_schema' must be an object with a 'schema'", param="response_format")
-    from .grammar import load_schema
+    from tallow.runtime.grammar import load_schema
 
     return True, load_schema(json.dumps(spec.get("schema", {})))
 
@@ -213,7 +213,7 @@ def to_request(engine, parsed: Parsed) -> Request:
     """The engine request for a checked one: tokens through the chat template (or plain text
     for a completion), and the grammar for its response format. The leading system messages
     are a prefix worth keeping in the disk prompt cache (the prompt that many requests share)."""
-    from .grammar import grammar_for
+    from tallow.runtime.grammar import grammar_for
 
     grammar = grammar_for(parsed.json_format, parsed.schema)
     if parsed.messages is not None:

@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-import bisect
-import threading
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self._lock = threading.Lock()
-
-    @classmethod
-    def latency(cls) -> Histogram:
-        return cls(LATENCY_BUCKETS)
-
-    def observe(self, value: float) -> None:
-        with self._lock:
-            self.counts[bisect.bisect_left(self.buckets, value)] += 1
-            self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def lines(self, name: str, help_text: str) -> list[str]:
-        with self._lock:
-            counts, total = list(self.counts), self.sum
-        out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        running = 0
-        for bound, n in zip(self.buckets, counts):
-            running += n
-            out.append(f'{name}_bucket{{le="{bound:g}"}} {running}')
-        running += counts[-1]
-        out += [f'{name}_bucket{{le="+Inf"}} {running}', f"{name}_sum {total:.6f}", f"{name}_count {running}"]
-        return out
+def histogram(name: str, help_text: str, h) -> list[str]:
+    """A runtime Histogram (runtime/histogram.py) as cumulative buckets."""
+    buckets, counts, total = h.snapshot()
+    out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    running = 0
+    for bound, n in zip(buckets, counts):
+        running += n
+        out.append(f'{name}_bucket{{le="{bound:g}"}} {running}')
+    running += counts[-1]
+    out += [f'{name}_bucket{{le="+Inf"}} {running}', f"{name}_sum {total:.6f}", f"{name}_count {running}"]
+    return out
 
 
 def counter(name: str, help_text: str, value: float, labels: dict[str, str] | None = None) -> list[str]:
@@ -71,8 +46,8 @@ def scheduler_metrics(sched) -> str:
     lines += counter("tallow_cached_prompt_tokens_total", "Prompt tokens reused from the KV cache", st.cached_tokens)
     lines += counter("tallow_completion_tokens_total", "Tokens generated", st.completion_tokens)
     lines += counter("tallow_decode_calls_total", "llama_decode calls made", st.steps)
-    lines += st.ttft.lines("tallow_time_to_first_token_seconds", "From submission to the first token")
-    lines += st.itl.lines("tallow_inter_token_latency_seconds", "Between consecutive tokens of a request")
+    lines += histogram("tallow_time_to_first_token_seconds", "From submission to the first token", st.ttft)
+    lines += histogram("tallow_inter_token_latency_seconds", "Between consecutive tokens of a request", st.itl)
     lines += gauge("tallow_queue_depth", "Requests waiting for a slot", sched.queue_depth)
     lines += gauge("tallow_slots_busy", "Slots decoding a request", sched.busy_slots)
     lines += gauge("tallow_slots_total", "Slots (sequences decoded together)", len(sched.slots))

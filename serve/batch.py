@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
+from tallow.runtime.scheduler import Failure, Scheduler
+from tallow.runtime.types import FinalEvent
 
 from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request, token_logprob
-from .scheduler import Failure, Scheduler
-from .types import FinalEvent
 
 
 @dataclass
@@ -81,7 +81,7 @@ def previous_results(out: Path, retry_failed: bool = False) -> Previous:
             found.failed_lines.add(record["line"])
     found.failed_ids -= found.ids
     if retry_failed and len(kept) != len(data[:end].splitlines()):
-        from tallow.models.store import write_atomic
+        from tallow.common.files import write_atomic
 
         write_atomic(out, b"".join(kept))
     return found

@@ -22,13 +22,13 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tallow.models.errors import TallowError
+from tallow.common.errors import TallowError
 
-from .errors import ContextOverflow
+from tallow.runtime.errors import ContextOverflow
 from .metrics import scheduler_metrics
 from .openai_api import APIError, Limits, Shaper, parse_chat, parse_completion, parse_json, to_request
-from .scheduler import Failure, QueueFull, Scheduler
-from .types import FinalEvent, TokenEvent
+from tallow.runtime.scheduler import Failure, QueueFull, Scheduler
+from tallow.runtime.types import FinalEvent, TokenEvent
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
