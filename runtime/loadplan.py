@@ -57,6 +57,11 @@ def choose_flash_attn(settings: LoadSettings, shape) -> str:
         return settings.flash_attn
     if settings.type_v not in ("f16", "bf16", "f32"):
         return "on"  # llama.cpp needs flash attention for a quantized V cache
+    if settings.n_seq_max > 1:
+        # Several sequences (serve, batch): the calibration times one. With a KV stream per
+        # slot, 8 slots decoded 131 tok/s in all with it on against 122 off (default model,
+        # 2 threads; llama-server's "auto" is on too).
+        return "on"
     work = settings.workload
     if work is None:  # a long-lived context (chat, serve): assume it fills up, half prompt, half answer
         per_seq = default_context(settings, shape.n_ctx_train) // max(1, settings.n_seq_max)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -97,27 +98,61 @@ async def _error(scope, receive, send, err: APIError) -> None:
     await JSONResponse(err.body(), err.status)(scope, receive, send)
 
 
+INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
+
+
+class _Relay:
+    """Events from the engine thread to the event loop, one wakeup for all that piled up: a
+    step hands out a token to every stream at once, and each cross-thread wakeup costs a
+    syscall and a loop turn on cores that the decode threads need."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: list[tuple[asyncio.Queue, Any]] = []
+        self.scheduled = False
+        self.lock = threading.Lock()
+
+    def send(self, events: asyncio.Queue, event) -> None:
+        with self.lock:
+            self.pending.append((events, event))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.pending, self.scheduled = self.pending, [], False
+        for events, event in items:
+            events.put_nowait(event)
+
+
 def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     engine = sched.engine
     limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model)
     started = int(time.time())
+    relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
 
-    async def body_of(request: HTTPRequest) -> dict[str, Any]:
+    async def body_of(request: HTTPRequest) -> tuple[dict[str, Any], int]:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > cfg.max_body:
                 raise _too_large(cfg.max_body)
             chunks.append(chunk)
-        return parse_json(b"".join(chunks))
+        return parse_json(b"".join(chunks)), size
 
     async def complete(request: HTTPRequest, chat: bool) -> Response:
-        body = await body_of(request)
+        body, size = await body_of(request)
         parsed = parse_chat(body, limits) if chat else parse_completion(body, limits)
-        req = await run_in_threadpool(to_request, engine, parsed)  # tokenizing can take a while
+        if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
+            req = to_request(engine, parsed)
+        else:  # a long one can take a while: off the event loop
+            req = await run_in_threadpool(to_request, engine, parsed)
         loop = asyncio.get_running_loop()
+        relay = relays.get(loop) or relays.setdefault(loop, _Relay(loop))
         events: asyncio.Queue = asyncio.Queue()
-        handle = sched.submit(req, on_event=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        handle = sched.submit(req, on_event=lambda ev: relay.send(events, ev))
         shaper = Shaper(parsed, cfg.model, engine.model.piece)
         if parsed.stream:
             return StreamingResponse(_sse(handle, events, shaper, parsed.include_usage), media_type="text/event-stream",
