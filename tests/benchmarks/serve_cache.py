@@ -1,0 +1,109 @@
+"""tallow serve with a 1,500-token shared system prompt and 8 different user messages sent at
+once, each time to a fresh server process: cold (an empty disk prompt cache), then warm (the
+system prompt saved by the cold run, loaded into each slot from disk).
+
+    python tests/benchmarks/serve_cache.py
+
+Prints the median TTFT of both and their ratio; exits non-zero unless warm <= 0.2x cold.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.llamaserver import QUESTIONS, free_port, wait_ready  # noqa: E402
+
+SYSTEM_TOKENS, SLOTS = 1500, 8
+
+
+def system_prompt(model: Path) -> str:
+    """About 1,500 tokens of the shipped prose, cut by the model's own tokenizer."""
+    from tallow.quantize.evaluate import shipped_text
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    with Engine(model, LoadSettings(n_ctx=512, n_threads=2)) as engine:
+        tokens = engine.tokenize(shipped_text())[:SYSTEM_TOKENS]
+        return engine.model.detokenize(tokens).decode("utf-8", "replace")
+
+
+def round_of(url: str, system: str) -> list[tuple[float, int, str | None]]:
+    """(client TTFT ms, cached tokens, cache source) of each of SLOTS concurrent requests."""
+    out: list = []
+
+    def one(question: str) -> None:
+        body = json.dumps({"model": "tallow", "messages": [{"role": "system", "content": system},
+                                                          {"role": "user", "content": question}],
+                           "max_tokens": 8, "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}}).encode()
+        req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        started, first, usage = time.perf_counter(), None, {}
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                    first = time.perf_counter()
+                usage = chunk.get("usage") or usage
+        out.append(((first - started) * 1000, usage["prompt_tokens_details"]["cached_tokens"], usage.get("cache_source")))
+
+    threads = [threading.Thread(target=one, args=(q,)) for q in QUESTIONS[:SLOTS]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == SLOTS, "a request failed"
+    return out
+
+
+def fresh_server(model: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", str(model), "--port", str(port), "--parallel",
+                             str(SLOTS), "--ctx", str(SLOTS * 2048), "--threads", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, proc, "tallow serve")
+    return proc, url
+
+
+def main() -> int:
+    from benchmarks.llamabench import tallow_env
+    from conftest import _test_home
+
+    test_home = _test_home()
+    model = next((test_home / "models" / "blobs").glob("*"))
+    system = system_prompt(model)
+    results = {}
+    with tempfile.TemporaryDirectory() as home:  # an empty prompt cache
+        env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(test_home / "machine.json"))
+        for phase in ("cold", "warm"):
+            proc, url = fresh_server(model, env)
+            try:
+                results[phase] = round_of(url, system)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    cold, warm = (statistics.median(t for t, _, _ in results[p]) for p in ("cold", "warm"))
+    for phase in ("cold", "warm"):
+        rows = results[phase]
+        sources = sorted({s or "none" for _, _, s in rows})
+        print(f"{phase}: median TTFT {statistics.median(t for t, _, _ in rows):8.0f} ms, cached tokens "
+              f"{min(c for _, c, _ in rows)}-{max(c for _, c, _ in rows)} ({', '.join(sources)})")
+    print(f"warm / cold: {warm / cold:.3f}x (target <= 0.2x)")
+    return 0 if warm <= 0.2 * cold and all(s == "disk" for _, _, s in results["warm"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
