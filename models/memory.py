@@ -1,7 +1,7 @@
 """Will a model fit? Memory estimates from the GGUF header alone, before anything loads.
 
 What llama.cpp allocates, by part (each formula checked against llama.cpp's own log of
-its buffer sizes on this machine; see DESIGN.md):
+its buffer sizes on this machine; see docs/DESIGN.md, "Memory model"):
 - weights: the tensors' bytes, as stored (split between RAM and VRAM by offloaded layer);
 - KV cache: n_ctx x layers x (K + V width) in the cache's types;
 - compute buffers: the graph's peak for one micro-batch: the larger of the output stage

@@ -69,7 +69,7 @@ def test_deterministic_answers_do_not_depend_on_the_batch(det):
 def test_default_mode_batches_differ_in_the_last_bits(synth_model):
     """Why deterministic mode exists: with the shared KV buffer and mixed batch sizes, the same
     request's logits change with the company it keeps (if this starts to pass with equal
-    logits, llama.cpp changed and DESIGN.md's account of batch invariance needs revisiting)."""
+    logits, llama.cpp changed and docs/DESIGN.md's account of batch invariance needs revisiting)."""
     s = scheduler(synth_model, parallel=8)
     try:
         alone, together = alone_and_together(s, requests(s, 12, max_tokens=16, logprobs=0))
