@@ -2,10 +2,11 @@
 
 When the answer repeats text the model has seen (a corrected copy, code being edited, a
 quote), the tokens after the latest occurrence of the last few tokens are a good guess.
-The engine evaluates the sampled token and the guess in one batch and keeps the guessed
-tokens the model itself would have chosen: each position is sampled from its own logits,
-exactly as plain decoding would, so at temperature 0 the output is the same token for
-token; a batch of k costs less than k separate decodes.
+A drafted step (the engine's and the scheduler's alike) evaluates the sampled token and
+the guess in one batch and keeps the guessed tokens the model itself would have chosen:
+each position is sampled from its own logits, exactly as plain decoding would, so at
+temperature 0 the output is the same token for token; a batch of k costs less than k
+separate decodes.
 """
 
 from __future__ import annotations
