@@ -150,7 +150,8 @@ def test_chat_through_pipes_has_no_stats_line_unless_asked_and_load_errors_have_
 
 
 def test_a_chat_with_a_disk_cache_never_splits_off_the_last_prompt_token(synth_model, tmp_path):
-    """Only a prompt that will be saved has its last token evaluated alone; a chat never saves."""
+    """Only a prompt that will be saved whole has its last token evaluated alone; a chat saves
+    only its system prompt."""
     from tallow.runtime.prompt_cache import PromptCache
 
     cache = PromptCache(tmp_path / "cache", 1 << 30, min_tokens=16)
@@ -168,4 +169,8 @@ def test_a_chat_with_a_disk_cache_never_splits_off_the_last_prompt_token(synth_m
         calls.clear()
         list(engine.stream(request))
         assert calls[:2] == [len(request.prompt_tokens) - 1, 1]  # a run's prompt, to be saved: split
-    assert cache.stats()["entries"] == 0  # the chat saved nothing
+        head = [{"role": "system", "content": conv.system}]
+        system = engine.request(head + [{"role": "user", "content": "?"}], cache_prefixes=[head])
+    # the chat saved its system prompt (a cache point, once) and never a whole prompt
+    (entry,) = cache.entries()
+    assert len(entry.tokens) == system.cache_points[0] < final.usage.prompt_tokens
