@@ -2,7 +2,9 @@
 model) and on one whose tokenizer adds BOS (a synthetic model written with add_bos): the same
 text, the same windows. Exits non-zero unless they agree to four decimals on both.
 
-    python tests/benchmarks/perplexity.py [--ctx 256] [--chunks 6]
+    python tests/benchmarks/perplexity.py [--ctx 256] [--chunks 6] [--model PATH ...]
+
+--model adds GGUF files of your own (e.g. a Gemma 3 GGUF, whose tokenizer adds BOS).
 
 llama-perplexity runs one window per batch (-b = --ctx), as tallow evaluates, on 2 threads.
 """
@@ -47,6 +49,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--chunks", type=int, default=6)
+    ap.add_argument("--model", action="append", default=[], type=Path, help="another GGUF file to compare on")
     args = ap.parse_args()
     binary = llama_tool("llama-perplexity")
     home = _test_home()
@@ -60,6 +63,8 @@ def main() -> int:
                   "synthetic, no BOS": write_synthetic_gguf(Path(tmp) / "nobos.gguf")}
         if default is not None:
             models["SmolLM2-135M (no BOS)"] = default
+        for extra in args.model:
+            models[extra.name[:24]] = extra
         print(f"{'model':<24} {'llama-perplexity':>17} {'tallow eval':>12} {'scored':>7}  agree")
         for name, path in models.items():
             theirs, n_theirs = llama_perplexity(binary, path, text, args.ctx, args.chunks)
