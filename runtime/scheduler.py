@@ -122,9 +122,12 @@ class _Job:
 class _Slot:
     def __init__(self, ctx, seq: int) -> None:
         self.sequence = Sequence(ctx, seq)
-        self.seq = seq
         self.job: _Job | None = None
         self.last_used = 0.0
+
+    @property
+    def seq(self) -> int:
+        return self.sequence.seq
 
     @property
     def kv(self) -> list[int]:

@@ -80,20 +80,12 @@ def test_perplexity_orders_as_expected(quantized, f16_model):
     assert res["smol:q4_0"]["bits_per_weight"] < q8["bits_per_weight"]
 
 
-def test_perplexity_matches_an_independent_computation(default_model):
-    """llama-cpp-python's high-level API, with logits for every position, scores the same
-    windows; both must give the same perplexity."""
+def independent_nlls(path, wins: list[list[int]], n_ctx: int) -> list:
+    """Each window's negative log-likelihoods of its scored half, through llama-cpp-python's
+    high-level API with logits for every position and a log-softmax of its own."""
     from llama_cpp import Llama
 
-    from tallow.quantize.evaluate import evaluate
-    from tallow.runtime.engine import Engine
-    from tallow.runtime.types import LoadSettings
-
-    text = shipped_text()
-    with Engine(default_model, LoadSettings(n_ctx=256, n_threads=2, flash_attn="off")) as engine:
-        ours = evaluate(engine, "m", text, 256, max_windows=3)
-        wins = windows(text_tokens(engine, text), 256, 3, engine.model.bos if engine.model.add_bos else None)
-    llm = Llama(str(default_model), n_ctx=256, n_batch=256, logits_all=True, verbose=False, n_threads=2)
+    llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False, n_threads=2)
     nll = []
     for w in wins:
         llm.reset()
@@ -103,6 +95,21 @@ def test_perplexity_matches_an_independent_computation(default_model):
         lp = logits[first:-1] - np.log(np.exp(logits[first:-1] - logits[first:-1].max(1, keepdims=True)).sum(1, keepdims=True)) \
             - logits[first:-1].max(1, keepdims=True)
         nll.append(-lp[np.arange(len(w) - first - 1), w[first + 1:]])
+    return nll
+
+
+def test_perplexity_matches_an_independent_computation(default_model):
+    """llama-cpp-python's high-level API, with logits for every position, scores the same
+    windows; both must give the same perplexity."""
+    from tallow.quantize.evaluate import evaluate
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings
+
+    text = shipped_text()
+    with Engine(default_model, LoadSettings(n_ctx=256, n_threads=2, flash_attn="off")) as engine:
+        ours = evaluate(engine, "m", text, 256, max_windows=3)
+        wins = windows(text_tokens(engine, text), 256, 3, engine.model.bos if engine.model.add_bos else None)
+    nll = independent_nlls(default_model, wins, 256)
     theirs = float(np.exp(np.concatenate(nll).mean()))
     assert ours.scored == sum(len(x) for x in nll) == 3 * 127
     assert ours.ppl == pytest.approx(theirs, rel=2e-3)
@@ -114,8 +121,6 @@ def test_perplexity_windows_are_llama_perplexity_s_on_a_model_that_adds_bos(tmp_
     """llama.cpp's perplexity tool tokenizes the whole text with BOS in front, cuts windows of
     n_ctx from that, and puts BOS in place of each window's first token. Windows cut from the
     text without BOS are shifted by one token: a different perplexity (1.2% on Gemma 3)."""
-    from llama_cpp import Llama
-
     from synth import write_synthetic_gguf
     from tallow.quantize.evaluate import evaluate
     from tallow.runtime.engine import Engine
@@ -132,13 +137,7 @@ def test_perplexity_windows_are_llama_perplexity_s_on_a_model_that_adds_bos(tmp_
     whole = [bos] + plain
     tool = [[bos] + whole[k * 128 + 1:(k + 1) * 128] for k in range(4)]
     assert tool != [[bos] + plain[k * 128 + 1:(k + 1) * 128] for k in range(4)]  # the shift matters
-    llm = Llama(str(path), n_ctx=128, n_batch=128, logits_all=True, verbose=False, n_threads=2)
-    nll = []
-    for w in tool:
-        llm.reset()
-        llm.eval(w)
-        logits = np.asarray(llm.scores[: len(w)], dtype=np.float64)
-        nll.append(score_window(logits, w)[0])
+    nll = independent_nlls(path, tool, 128)
     theirs = float(np.exp(np.concatenate(nll).mean()))
     assert ours.scored == 4 * 63
     assert ours.ppl == pytest.approx(theirs, rel=1e-4)
