@@ -391,9 +391,10 @@ class Sampler:
                 C.llama_sampler_free(chain)
                 raise BackendError("llama.cpp refused the grammar" + (f": {last_log_error()}" if last_log_error() else ""))
             add(g)
-        if p.banned:
-            bias = (C.llama_logit_bias * len(p.banned))(*[C.llama_logit_bias(t, float("-inf")) for t in p.banned])
-            add(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.banned), bias))
+        biases = [*p.bias, *((t, float("-inf")) for t in p.banned)]
+        if biases:
+            bias = (C.llama_logit_bias * len(biases))(*[C.llama_logit_bias(t, b) for t, b in biases])
+            add(C.llama_sampler_init_logit_bias(model.n_vocab, len(biases), bias))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
                                                p.frequency_penalty, p.presence_penalty))

@@ -92,43 +92,71 @@ class Engine:
             self._template = ChatTemplate(src, piece(self.model.bos), piece(self.model.eos))
         return self._template
 
-    def prompt_for(self, messages: list[dict[str, Any]], raw: bool = False) -> list[int]:
+    def prompt_for(self, messages: list[dict[str, Any]], raw: bool = False, tools: list | None = None) -> list[int]:
         """Tokens for a conversation: through the model's chat template, or plain text when raw
-        (or when the model has none)."""
+        (or when the model has none). `tools` go to the template as Hugging Face passes them."""
         template = None if raw else self.chat_template()
         if template is None:
             text = "\n\n".join(m["content"] for m in messages)
             return self.model.tokenize(text, add_special=True, parse_special=False)
-        text = template.render(messages, add_generation_prompt=True)
+        text = template.render(messages, add_generation_prompt=True, tools=tools)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
         if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
             tokens.insert(0, self.model.bos)
         return tokens
 
+    def tool_format(self) -> str:
+        """The tool-call format family of the model's chat template (runtime/tools.py)."""
+        from .tools import detect_format
+
+        template = self.chat_template()
+        return detect_format(template.source if template else None)
+
     def request(self, messages: list[dict[str, Any]], *, raw: bool = False,
-                cache_prefixes: list[list[dict[str, Any]]] = (), **kw) -> Request:
+                cache_prefixes: list[list[dict[str, Any]]] = (), tools=None, **kw) -> Request:
         """A Request for a conversation, knowing the model's reasoning markers. Each of
         `cache_prefixes` (a shorter conversation: the system prompt alone, a document
-        without the question) marks where a prefix worth keeping on disk ends."""
+        without the question) marks where a prefix worth keeping on disk ends. `tools`
+        (a runtime.tools.ToolChoice) are shown to the model and constrain its calls."""
         template = None if raw else self.chat_template()
         markers = reasoning_markers(template.source) if template else None
-        tokens = self.prompt_for(messages, raw=raw)
+        messages, template_tools, kw = self._with_tools(messages, tools, template, markers, kw)
+        cache_prefixes = [self._with_tools(p, tools, template, markers, {})[0] for p in cache_prefixes]
+        tokens = self.prompt_for(messages, raw=raw, tools=template_tools)
         inside = False
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
             inside = opens_reasoning(tail, markers)
         points = []
         for prefix in cache_prefixes:
-            rendered = self._render_prefix(prefix, raw)
+            rendered = self._render_prefix(prefix, raw, template_tools)
             points.append(common_prefix(rendered, tokens))
         return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points), **kw)
 
-    def _render_prefix(self, messages: list[dict[str, Any]], raw: bool) -> list[int]:
+    @staticmethod
+    def _with_tools(messages, tools, template, markers, kw):
+        """Messages and template tools for a tool choice, and its grammar in the request."""
+        from .tools import constrain, prepare
+
+        if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            return messages, None, kw
+        messages, template_tools = prepare(messages, tools, template.source if template else None)
+        if tools is not None:
+            grammar, lazy = constrain(tools, markers)
+            if grammar is not None or lazy is not None:
+                if kw.get("grammar"):
+                    from .errors import GrammarError
+
+                    raise GrammarError("a tool choice and a response format cannot both constrain one answer")
+                kw = {**kw, "grammar": grammar, "lazy_grammar": lazy}
+        return messages, template_tools, kw
+
+    def _render_prefix(self, messages: list[dict[str, Any]], raw: bool, tools: list | None = None) -> list[int]:
         template = None if raw else self.chat_template()
         if template is None:
             return self.prompt_for(messages, raw=True)
-        return self.model.tokenize(template.render(messages, add_generation_prompt=False), add_special=False,
-                                   parse_special=True)
+        return self.model.tokenize(template.render(messages, add_generation_prompt=False, tools=tools),
+                                   add_special=False, parse_special=True)
 
     # -- the disk cache of prompt prefixes ---------------------------------------------------
     def use_prompt_cache(self, cache, model_sha256: str) -> None:
@@ -208,14 +236,24 @@ class Engine:
         run.timings.prefill_tokens = len(todo)
 
     def sampler_for(self, request: Request):
-        """A C sampler chain for the request's settings (the caller closes it)."""
+        """A C sampler chain for the request's settings (the caller closes it); with a lazy
+        tool-call grammar, one that swaps the grammar in when a call opens."""
         from .backend import Sampler, SamplerParams
 
         s = request.sampling
         banned = self.model.eog_tokens() if request.ignore_eos else ()
-        return Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
-                                                 s.repeat_last_n, s.resolved_seed(), banned, request.grammar,
-                                                 s.frequency_penalty, s.presence_penalty))
+        seed = s.resolved_seed()
+
+        def make(grammar: str | None):
+            return Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
+                                                     s.repeat_last_n, seed, banned, grammar,
+                                                     s.frequency_penalty, s.presence_penalty, request.logit_bias))
+
+        if request.lazy_grammar is not None:
+            from .tools import TriggeredSampler
+
+            return TriggeredSampler(make, self.model.piece, request.lazy_grammar)
+        return make(request.grammar)
 
     def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent]:
         s = run.request.sampling

@@ -83,9 +83,20 @@ def _env(budget: _Budget):
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals["range"] = counted_range
+    # Hugging Face's tojson: plain JSON text in the keys' own order (Jinja's sorts the keys and
+    # HTML-escapes the result, which garbles the tool definitions and calls templates print)
+    env.filters["tojson"] = _tojson
     for name in ("center", "indent", "wordwrap", "truncate"):  # filters with a width: not seen by call()
         env.filters[name] = _bounded_filter(env.filters[name], unsafe)
     return env
+
+
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    import json
+
+    if indent is not None and (not isinstance(indent, int) or abs(indent) > 16):
+        raise TemplateError(f"{UNSAFE} (a tojson indent of {indent!r})", _HINT)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _check_numbers(values, unsafe) -> None:
@@ -117,7 +128,8 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
         from jinja2 import TemplateError as JinjaError
         from jinja2.sandbox import SecurityError
 
@@ -126,11 +138,13 @@ class ChatTemplate:
         parts: list[str] = []
         size = 0
         try:
+            extra = {"tools": tools} if tools is not None else {}  # as Hugging Face's apply_chat_template
             for chunk in self._template.generate(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             ):
                 size += len(chunk)
                 parts.append(chunk)

@@ -66,6 +66,8 @@ class Request:
     draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
+    lazy_grammar: object = None  # runtime.tools.LazyGrammar: constrain a tool call once the answer opens one
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
 
 
 @dataclass
@@ -192,3 +194,4 @@ class SamplerParams:
     grammar: str | None = None  # GBNF, already checked (runtime/grammar.py)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), before the other samplers

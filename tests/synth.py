@@ -26,6 +26,27 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# A Hermes/Qwen-style template: tools in the system turn, calls in <tool_call> blocks,
+# results in tool turns (what Qwen 2.5's template does, much shortened).
+HERMES = (
+    "{% if tools %}{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n<tools>' }}{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\\n</tools>\\nCall a function with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\\n' }}"
+    "{% elif messages[0]['role'] == 'system' %}{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message.tool_calls %}{{ '<|im_start|>assistant\\n' + message['content'] }}"
+    "{% for call in message.tool_calls %}{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": '"
+    " + (call.function.arguments | tojson) + '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% elif message['role'] == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + message['content']"
+    " + '\\n</tool_response><|im_end|>\\n' }}"
+    "{% elif message['role'] != 'system' or loop.index0 > 0 %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
 
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters."""
@@ -40,7 +61,7 @@ def byte_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars)}
 
 
-def vocabulary() -> tuple[list[str], list[int], list[str]]:
+def vocabulary(extra_tokens: tuple[str, ...] = ()) -> tuple[list[str], list[int], list[str]]:
     b2u = byte_to_unicode()
     tokens = [b2u[b] for b in range(256)]
     merges: list[str] = []
@@ -62,7 +83,7 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
         tokens.append(special)
         types.append(3)  # CONTROL
-    for marker in ("<think>", "</think>"):
+    for marker in ("<think>", "</think>", *extra_tokens):
         tokens.append(marker)
         types.append(4)  # USER_DEFINED: printed as text, as in reasoning models' vocabularies
     return tokens, types, merges
@@ -76,13 +97,13 @@ def _as_token(text: str) -> str:
 
 
 def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | None = None,
-                         template: str = CHATML, add_bos: bool = False) -> Path:
+                         template: str = CHATML, add_bos: bool = False, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Random weights; or, with `script` ({token: next token}), weights that make greedy
     decoding follow the script: attention and feed-forward are zero, so the residual stream
     is the token's embedding, and the output matrix maps each embedding to its successor."""
     from tallow.runtime.probe_model import llama_writer
 
-    tokens, types, merges = vocabulary()
+    tokens, types, merges = vocabulary(extra_tokens)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
     w = llama_writer(path, "tallow-synthetic", N_CTX_TRAIN, N_EMBD, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, file_type=0)  # all F32
