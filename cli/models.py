@@ -98,6 +98,7 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
 
     local = find_model(text, offline)
     scheduler = Scheduler.load(local.paths, load, sched)
+    scheduler.engine.digest = local.sha256
     _say_fit(scheduler.engine)
     if disk_cache:
         _attach_cache(scheduler.engine, local)

@@ -35,18 +35,28 @@ def serve(
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
     no_cache: o.NoCache = False,
+    alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one.", show_default=False),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
+    default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
+    tool_format: str = typer.Option("auto", "--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic."),
     offline: o.Offline = False,
 ) -> None:
-    """Serve a model over HTTP with OpenAI's API.
+    """Serve a model over HTTP with OpenAI's and Anthropic's APIs.
 
-    POST /v1/chat/completions and /v1/completions (streamed or whole), GET /v1/models,
-    /health and /metrics (Prometheus), decoding up to --parallel requests together.
+    POST /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages (streamed or
+    whole, with tools), GET /v1/models, /health and /metrics (Prometheus), decoding up to
+    --parallel requests together.
 
     Example: tallow serve smollm2:135m --port 8080 --parallel 4
     """
     from tallow.runtime.scheduler import SchedulerSettings
     from tallow.serve.server import ServerConfig, create_app, is_loopback
 
+    from tallow.runtime.tools import FORMATS
+
+    if tool_format != "auto" and tool_format not in FORMATS:
+        raise typer.BadParameter(f"{tool_format!r} is not a tool-call format; use auto, {', '.join(FORMATS)}",
+                                 param_hint="--tool-format")
     key = api_key or settings.api_key()
     if not is_loopback(host) and not key:
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
@@ -58,8 +68,16 @@ def serve(
                                                    time_limit_s=timeout, draft=o.parse_draft(draft)),
                                  disk_cache=not no_cache)
     try:
+        from importlib.metadata import version
+
+        fingerprint = f"tallow-{version('tallow')}-{(sched.engine.digest or 'local')[:12]}" + ("-det" if deterministic else "")
+        history = settings.history_path() if settings.logging_enabled() else ":memory:"
         app = create_app(sched, ServerConfig(model=name, host=host, api_key=key, cors=tuple(cors or ()),
-                                             max_body=max_body, max_tokens=max_tokens))
+                                             max_body=max_body, max_tokens=max_tokens,
+                                             default_max_tokens=default_max_tokens, seed=seed,
+                                             aliases=tuple(alias or ()), fingerprint=fingerprint,
+                                             tool_format=None if tool_format == "auto" else tool_format,
+                                             history=history))
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         err_console().print(f"serving {name} on http://{shown}:{bound[1]} ({parallel} parallel, "

@@ -78,6 +78,7 @@ class Engine:
         self._template = None
         self._settings = settings
         self.disk: DiskPrefixes | None = None  # the disk prompt cache, once attached
+        self.digest: str | None = None  # the model file's sha256, when the store knows it
         self.load_ms = (time.perf_counter() - started) * 1000
 
     # -- prompts ---------------------------------------------------------------------------

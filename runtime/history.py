@@ -34,7 +34,16 @@ def m002_reasoning(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE responses ADD COLUMN reasoning_tokens INTEGER")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning]
+def m003_api_responses(db: sqlite3.Connection) -> None:
+    # Responses API objects kept for previous_response_id: the response as returned, and the
+    # whole conversation it ends (its input and output as messages), so continuing it is one
+    # lookup and renders the same prompt the KV cache holds.
+    db.execute("""CREATE TABLE api_responses (
+        id TEXT PRIMARY KEY, model TEXT NOT NULL, response TEXT NOT NULL, conversation TEXT NOT NULL,
+        created REAL NOT NULL)""")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses]
 
 
 def migrate(db: sqlite3.Connection) -> list[str]:
@@ -126,6 +135,24 @@ class History:
             msgs += [{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.response}]
         system = turns[-1].system if turns else None
         return system, msgs, (turns[-1].model if turns else None)
+
+    # -- stored Responses API objects ---------------------------------------------------------
+    def store_response(self, response_id: str, model: str, response: dict[str, Any],
+                       conversation: list[dict[str, Any]]) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO api_responses VALUES (?, ?, ?, ?, ?)",
+                            (response_id, model, json.dumps(response, ensure_ascii=False),
+                             json.dumps(conversation, ensure_ascii=False), time.time()))
+
+    def stored_response(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """(the response object, its conversation as messages), or None."""
+        row = self.db.execute("SELECT response, conversation FROM api_responses WHERE id = ?",
+                              (response_id,)).fetchone()
+        return (json.loads(row[0]), json.loads(row[1])) if row else None
+
+    def delete_response(self, response_id: str) -> bool:
+        with self.db:
+            return self.db.execute("DELETE FROM api_responses WHERE id = ?", (response_id,)).rowcount > 0
 
     def close(self) -> None:
         self.db.close()

@@ -225,4 +225,4 @@ class OutputStream:
         t.total_ms = (time.perf_counter() - self.started) * 1000
         self.usage.completion_tokens = self.n_out
         return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail, "".join(self.reasoning_parts),
-                          reasoning_tail)
+                          reasoning_tail, self.stops.matched)

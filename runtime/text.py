@@ -63,6 +63,7 @@ class StopMatcher:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
+        self.matched: str | None = None  # the stop string that ended the text
         self._held = ""
         self._max = max((len(s) for s in self.stops), default=0)
 
@@ -81,6 +82,7 @@ class StopMatcher:
                 best = (i + len(s), i)
         if best is not None:
             self._held = ""
+            self.matched = buf[best[1]:best[0]]
             return buf[: best[1]], True
         keep = self._partial_suffix(buf)
         self._held = buf[len(buf) - keep:] if keep else ""

@@ -403,12 +403,13 @@ def _partial_string(text: str, j: int) -> tuple[str, int | None]:
 
 @dataclass
 class Delta:
-    """One step of a streamed answer: content, or a call's start (index, name) or a fragment
-    of its arguments."""
+    """One step of a streamed answer: content (or reasoning), or a call's start (index, name,
+    id) or a fragment of its arguments."""
 
-    kind: str  # content | call | arguments
+    kind: str  # content | reasoning | call | arguments
     text: str = ""
     index: int = 0
+    id: str = ""  # a call's id (given by the server)
 
 
 class CallStream:

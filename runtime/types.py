@@ -150,6 +150,7 @@ class FinalEvent:
     tail: str = ""  # answer text held back until the end (not yet in any TokenEvent)
     reasoning: str = ""  # the whole reasoning: the TokenEvents' reasoning, then `reasoning_tail`
     reasoning_tail: str = ""
+    stop_sequence: str | None = None  # the stop string that ended the answer, if one did
 
     def to_dict(self) -> dict:
         out = {"finish_reason": self.finish_reason, "usage": asdict(self.usage), "timings": self.timings.summary()}

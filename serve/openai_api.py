@@ -1,75 +1,48 @@
 """OpenAI's chat and text completion formats: checked requests in, response objects out.
 
-Pure functions, no HTTP: the server (runtime/server.py) calls them. Every field a client
-sends is checked here, so a bad value is a 400 with a message naming it, never a 500.
+Pure functions, no HTTP: the server (serve/server.py) calls them. Every field a client
+sends is checked here (serve/fields.py), so a bad value is a 400 with a message naming it,
+never a 500; the Responses and Anthropic routes build on the same Parsed request.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from tallow.common.errors import TallowError
-
+from tallow.runtime.tools import ToolChoice
 from tallow.runtime.types import FinalEvent, Request, Sampling, TokenEvent
 
+from .answer import Outcome
+from .fields import (APIError, check_fields, flag, logit_bias, number, parse_json, sampling, schema_of, stops,
+                     text_field, tool_choice, tool_list)
 
-class APIError(TallowError):
-    """A request the API refuses; `status` is the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def parse_json(raw: bytes, what: str = "the request body") -> dict[str, Any]:
-    """The request body: a JSON object; NaN and Infinity, which JSON does not have, are refused."""
-    def no_constants(name: str):
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        value = json.loads(raw, parse_constant=no_constants)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise APIError(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise APIError(f"{what} must be a JSON object")
-    return value
-
-
-def _number(body: dict, name: str, lo: float, hi: float, default: float | None, integer: bool = False):
-    value = body.get(name)
-    if value is None:
-        return default
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise APIError(f"'{name}' must be {kind}", param=name)
-    if not math.isfinite(value) or not lo <= value <= hi:
-        show = (lambda v: str(int(v))) if integer else (lambda v: f"{v:g}")  # noqa: E731
-        raise APIError(f"'{name}' must be between {show(lo)} and {show(hi)}, not {value}", param=name)
-    return value
-
-
-def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise APIError(f"'{name}' must be true or false", param=name)
-    return value
+__all__ = ["APIError", "parse_json"]
 
 
 @dataclass(frozen=True)
 class Limits:
     max_tokens: int  # requests asking for more are clamped to this
     model: str  # the name the served model answers to
+    aliases: tuple[str, ...] = ()  # more names it answers to (--alias)
+    default_max_tokens: int | None = None  # for requests that give none (None: the clamp)
+    seed: int | None = None  # for requests that give none (--seed)
+    n_vocab: int = 0  # token ids run from 0 to n_vocab - 1
+    tool_format: str = "generic"  # the model's tool-call format family (or --tool-format)
+    fingerprint: str = ""  # system_fingerprint: tallow's version, the model's digest, the deterministic flag
+
+    def names(self) -> set[str]:
+        base = self.model.removesuffix(":latest")
+        return {self.model, base, base + ":latest", "tallow", *self.aliases}
+
+    def check_model(self, model: Any) -> None:
+        if model is not None and (not isinstance(model, str) or model not in self.names()):
+            shown = model if isinstance(model, str) else type(model).__name__
+            raise APIError(f"the model '{shown}' is not served here; this server runs '{self.model}'"
+                           " (start it with --alias NAME to answer to another name)", 404, "model", "model_not_found")
 
 
 @dataclass
@@ -89,56 +62,65 @@ class Parsed:
     ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
     draft: str | None = None  # tallow's extension: "lookup" drafts (speculative decoding)
     save_prompt: bool = False  # tallow's extension: keep the whole prompt in the disk prompt cache
+    tools: ToolChoice | None = None
+    grammar: str | None = None  # llama.cpp's extension: GBNF constraining the answer
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)  # what one API keeps for shaping its answer
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
-                "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt}
+                "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
+                "logit_bias": self.logit_bias}
+
+
+SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+                 "repeat_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
+                 "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
+                 "grammar", "json_schema", "cache_prompt"}
+CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
+COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
 
 def _common(body: dict, limits: Limits) -> dict[str, Any]:
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or model not in (limits.model, "tallow")):
-        shown = model if isinstance(model, str) else type(model).__name__
-        raise APIError(f"the model '{shown}' is not served here; this server runs '{limits.model}'", 404,
-                       "model", "model_not_found")
-    _number(body, "n", 1, 1, 1, integer=True)  # one choice per request: any other n is refused
-    max_tokens = _number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
+    limits.check_model(body.get("model"))
+    number(body, "n", 1, 1, 1, integer=True)  # one choice per request: any other n is refused
+    max_tokens = number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
     if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", 1, 2**31, None, integer=True)
-    max_tokens = min(max_tokens or limits.max_tokens, limits.max_tokens)
-    d = Sampling()  # tallow's defaults (as llama.cpp's server), for what the client leaves out
-    seed = _number(body, "seed", -(2**63), 2**64 - 1, None, integer=True)
-    sampling = Sampling(
-        temperature=_number(body, "temperature", 0, 2, d.temperature),
-        top_p=_number(body, "top_p", 0, 1, d.top_p),
-        top_k=_number(body, "top_k", 0, 1_000_000, d.top_k, integer=True),
-        min_p=_number(body, "min_p", 0, 1, d.min_p),
-        repeat_penalty=_number(body, "repeat_penalty", 0.01, 10, d.repeat_penalty),
-        frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
-        presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
-        seed=None if seed is None else seed & 0xFFFFFFFF,  # llama.cpp's seeds are 32-bit
-    )
-    stop = body.get("stop")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stops = (stop,) if stop else ()
-    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
-        stops = tuple(stop)
-    else:
-        raise APIError("'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
-    stream = _flag(body, "stream")
+        max_tokens = number(body, "max_tokens", 1, 2**31, None, integer=True)
+    max_tokens = min(max_tokens or limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
+    stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError("'stream_options' must be an object", param="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     json_format, schema = _response_format(body.get("response_format"))
+    if body.get("json_schema") is not None:  # llama.cpp's extension
+        json_format, schema = True, schema_of(body["json_schema"], "json_schema")
     draft = body.get("draft")
     if draft is not None and draft != "lookup":
         raise APIError("'draft' must be \"lookup\" (drafts from the prompt and the answer so far)", param="draft")
-    return {"draft": draft, "save_prompt": _flag(body, "save_prompt"), "max_tokens": max_tokens, "stop": stops, "sampling": sampling, "stream": stream,
+    return {"draft": draft, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
+            "stop": stops(body.get("stop")), "sampling": sampling(body, limits.seed), "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
-            "ignore_eos": _flag(body, "ignore_eos")}
+            "ignore_eos": flag(body, "ignore_eos"), "grammar": _grammar(body, json_format),
+            "logit_bias": logit_bias(body.get("logit_bias"), limits.n_vocab)}
+
+
+def _grammar(body: dict, json_format: bool) -> str | None:
+    """llama.cpp's `grammar` extension: GBNF, checked here (an invalid one is a 400)."""
+    from tallow.common.errors import TallowError
+    from tallow.runtime.grammar import check_gbnf
+
+    text = text_field(body, "grammar")
+    if text is None:
+        return None
+    if json_format:
+        raise APIError("'grammar' and a JSON response format cannot both constrain one answer", param="grammar")
+    try:
+        check_gbnf(text)
+    except TallowError as exc:
+        raise APIError(f"'grammar': {exc.message}", param="grammar") from exc
+    return text
 
 
 def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
@@ -149,14 +131,12 @@ def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
                        param="response_format")
     if fmt["type"] == "text":
         return False, None
-    if fmt["type"] == "json_object":
-        return True, None
+    if fmt["type"] == "json_object":  # llama.cpp's extension: a schema here too
+        return True, (schema_of(fmt["schema"], "response_format.schema") if fmt.get("schema") is not None else None)
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
         raise APIError("'response_format.json_schema' must be an object with a 'schema'", param="response_format")
-    from tallow.runtime.grammar import load_schema
-
-    return True, load_schema(json.dumps(spec.get("schema", {})))
+    return True, schema_of(spec.get("schema", {}), "response_format.json_schema.schema")
 
 
 def _content(message: dict, i: int) -> str:
@@ -175,37 +155,79 @@ def _content(message: dict, i: int) -> str:
     raise APIError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
 
 
-def parse_chat(body: dict, limits: Limits) -> Parsed:
-    messages = body.get("messages")
+def _calls(m: dict, i: int) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls, as {"id", "name", "arguments"}."""
+    calls = m.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise APIError(f"messages[{i}].tool_calls must be a list", param="messages")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
+            raise APIError(f"messages[{i}].tool_calls[{j}] needs a function with a name and arguments (a JSON string)",
+                           param="messages")
+        out.append({"id": c.get("id") if isinstance(c.get("id"), str) else None, "name": fn["name"],
+                    "arguments": fn.get("arguments") or "{}"})
+    return out
+
+
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages in tallow's form: role, content text, and for the assistant its
+    calls, for a tool result the call it answers."""
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list", param="messages")
-    clean = []
+    clean, names = [], {}
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
             raise APIError(f"messages[{i}] needs a 'role' of system, developer, user, assistant or tool",
                            param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        clean.append({"role": role, "content": _content(m, i)})
+        msg: dict[str, Any] = {"role": role, "content": _content(m, i)}
+        if role == "assistant":
+            calls = _calls(m, i)
+            if calls:
+                msg["tool_calls"] = calls
+                names.update({c["id"]: c["name"] for c in calls if c["id"]})
+        elif role == "tool":
+            ref = m.get("tool_call_id")
+            if not isinstance(ref, str):
+                raise APIError(f"messages[{i}] (a tool result) needs a 'tool_call_id'", param="messages")
+            msg["tool_call_id"], msg["name"] = ref, names.get(ref, m.get("name"))
+        clean.append(msg)
+    return clean
+
+
+def parse_chat(body: dict, limits: Limits) -> Parsed:
+    check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    clean = chat_messages(body.get("messages"))
     logprobs = None
-    if _flag(body, "logprobs"):
-        logprobs = _number(body, "top_logprobs", 0, 20, 0, integer=True)
+    if flag(body, "logprobs"):
+        logprobs = number(body, "top_logprobs", 0, 20, 0, integer=True)
     elif body.get("top_logprobs") is not None:
         raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    return Parsed(messages=clean, prompt=None, logprobs=logprobs, **_common(body, limits))
+    tools = tool_list(body["tools"], "tools", "chat") if body.get("tools") is not None else ()
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    choice = tool_choice(tools, body.get("tool_choice"), parallel, limits.tool_format, "chat")
+    return Parsed(messages=clean, prompt=None, logprobs=logprobs, tools=choice, **_common(body, limits))
 
 
 def parse_completion(body: dict, limits: Limits) -> Parsed:
+    check_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     if not (isinstance(prompt, str) or tokens) or not prompt:
         raise APIError("'prompt' must be a non-empty string, or a list of token ids", param="prompt")
-    if _flag(body, "echo"):
+    if flag(body, "echo"):
         raise APIError("'echo' is not supported", param="echo")
     if body.get("suffix") is not None:
         raise APIError("'suffix' is not supported", param="suffix")
-    logprobs = _number(body, "logprobs", 0, 20, None, integer=True)
+    logprobs = number(body, "logprobs", 0, 20, None, integer=True)
     return Parsed(messages=None, prompt=prompt, logprobs=logprobs, **_common(body, limits))
 
 
@@ -215,13 +237,19 @@ def to_request(engine, parsed: Parsed) -> Request:
     are a prefix worth keeping in the disk prompt cache (the prompt that many requests share)."""
     from tallow.runtime.grammar import grammar_for
 
-    grammar = grammar_for(parsed.json_format, parsed.schema)
+    from tallow.common.errors import TallowError
+
+    try:
+        grammar = parsed.grammar or grammar_for(parsed.json_format, parsed.schema)
+    except TallowError as exc:
+        raise APIError(exc.message, param="response_format") from exc
     if parsed.messages is not None:
         head = 0
         while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
             head += 1
         prefixes = [parsed.messages[:head]] if head else []
-        return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, **parsed.request_kwargs())
+        return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
+                              **parsed.request_kwargs())
     if isinstance(parsed.prompt, list):
         vocab = engine.model.n_vocab
         if not all(0 <= t < vocab for t in parsed.prompt):
@@ -267,17 +295,21 @@ def token_logprob(ev: TokenEvent, piece) -> dict[str, Any]:
 class Shaper:
     """Builds the response objects of one request, streamed or whole."""
 
-    def __init__(self, parsed: Parsed, model: str, piece) -> None:
+    def __init__(self, parsed: Parsed, model: str, piece, fingerprint: str = "") -> None:
         self.chat = parsed.messages is not None
         self.id = new_id("chatcmpl" if self.chat else "cmpl")
         self.created = int(time.time())
         self.model = model
         self.piece = piece
+        self.fingerprint = fingerprint
         self.logprobs = parsed.logprobs is not None
         self.entries: list[dict[str, Any]] = []
 
     def _base(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.fingerprint:
+            out["system_fingerprint"] = self.fingerprint
+        return out
 
     def note(self, ev: TokenEvent) -> dict[str, Any] | None:
         """Record a token's log-probability; returns its entry (for a streamed chunk)."""
@@ -296,13 +328,19 @@ class Shaper:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": []}
 
-    def whole(self, final: FinalEvent) -> dict[str, Any]:
+    def whole(self, final: FinalEvent, outcome: Outcome) -> dict[str, Any]:
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": final.text}
+            content = outcome.content if outcome.content.strip() or not outcome.calls else None
+            message: dict[str, Any] = {"role": "assistant", "content": content}
             if final.reasoning:
                 message["reasoning_content"] = final.reasoning
+            if outcome.calls:
+                message["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                                         for cid, name, args in outcome.calls]
             choice = {"index": 0, "message": message, "logprobs": self._logprobs_of(self.entries),
-                      "finish_reason": final.finish_reason}
+                      "finish_reason": outcome.finish_reason}
+            if outcome.error:
+                choice["tool_call_error"] = outcome.error  # tallow's extension
             out = self._base("chat.completion")
         else:
             choice = {"index": 0, "text": final.text, "logprobs": self._logprobs_of(self.entries),
@@ -312,7 +350,8 @@ class Shaper:
         return out
 
     def chunk(self, text: str = "", reasoning: str = "", finish: str | None = None, first: bool = False,
-              entry: dict[str, Any] | None = None) -> dict[str, Any]:
+              entry: dict[str, Any] | None = None, calls: list[dict[str, Any]] | None = None,
+              error: str | None = None) -> dict[str, Any]:
         lp = self._logprobs_of([entry]) if entry is not None else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
@@ -320,12 +359,35 @@ class Shaper:
                 delta["content"] = text
             if reasoning:
                 delta["reasoning_content"] = reasoning
+            if calls:
+                delta["tool_calls"] = calls
             choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            if error:
+                choice["tool_call_error"] = error
             out = self._base("chat.completion.chunk")
         else:
             choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
             out = self._base("text_completion")
         out["choices"] = [choice]
+        return out
+
+    def deltas(self, deltas, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Chunks for an Answer's deltas (serve/answer.py); a log-probability entry rides on
+        the first."""
+        out = []
+        for d in deltas:
+            if d.kind == "content":
+                out.append(self.chunk(d.text, entry=entry))
+            elif d.kind == "reasoning":
+                out.append(self.chunk(reasoning=d.text, entry=entry))
+            elif d.kind == "call":
+                out.append(self.chunk(entry=entry, calls=[{"index": d.index, "id": d.id, "type": "function",
+                                                           "function": {"name": d.text, "arguments": ""}}]))
+            else:
+                out.append(self.chunk(entry=entry, calls=[{"index": d.index, "function": {"arguments": d.text}}]))
+            entry = None
+        if entry is not None:
+            out.append(self.chunk(entry=entry))
         return out
 
     def usage_chunk(self, final: FinalEvent) -> dict[str, Any]:

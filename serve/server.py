@@ -1,8 +1,11 @@
 """The HTTP layer of `tallow serve`: an ASGI application (Starlette) over a Scheduler.
 
 It only checks requests, queues them and relays events: the engine thread does the work.
-Security checks run before routing: the Host header (DNS rebinding), the API key, and
-the body size; CORS headers only for origins named with --cors.
+Three APIs share one path from request to answer (serve/streams.py): OpenAI's chat and
+text completions, OpenAI's Responses and Anthropic's Messages, each also without the /v1
+prefix that clients given a bare base URL use. Security checks run before routing: the
+Host header (DNS rebinding), the API key (Bearer or x-api-key; /health needs none, for
+probes), and the body size; CORS headers only for origins named with --cors.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from starlette.routing import Route
 from tallow.common.errors import TallowError
 
 from tallow.runtime.errors import ContextOverflow
+from . import anthropic_api, responses_api
 from .metrics import scheduler_metrics
-from .openai_api import APIError, Limits, Shaper, parse_chat, parse_completion, parse_json, to_request
+from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request
+from .streams import ChatAdapter, MessagesAdapter, ResponsesAdapter
 from tallow.runtime.scheduler import Failure, QueueFull, Scheduler
 from tallow.runtime.types import FinalEvent, TokenEvent
 
@@ -42,6 +47,12 @@ class ServerConfig:
     cors: tuple[str, ...] = ()
     max_body: int = 4 * 1024 * 1024  # bytes
     max_tokens: int = 4096  # clamp
+    default_max_tokens: int | None = None  # for requests that give none (None: the clamp)
+    seed: int | None = None  # for requests that give none
+    aliases: tuple[str, ...] = ()
+    tool_format: str | None = None  # None: from the model's chat template
+    fingerprint: str = ""
+    history: object = None  # where stored Responses live: a path, ":memory:", or None (not stored)
 
 
 def is_loopback(host: str) -> bool:
@@ -77,11 +88,12 @@ class _Guard:
         if self.check_host and _host_name(headers.get("host", "")).lower() not in LOOPBACK:
             err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
             return await _error(scope, receive, send, err)
-        if self.key is not None and scope["method"] != "OPTIONS":
+        if self.key is not None and scope["method"] != "OPTIONS" and scope["path"] != "/health":
             auth = headers.get("authorization", "")
             given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
+            given = given or headers.get("x-api-key", "").strip().encode()  # Anthropic's clients
             if not hmac.compare_digest(given, self.key):
-                err = APIError("a valid API key is required (Authorization: Bearer KEY)", 401,
+                err = APIError("a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)", 401,
                                code="invalid_api_key", kind="authentication_error")
                 return await _error(scope, receive, send, err)
         length = headers.get("content-length")
@@ -94,8 +106,15 @@ def _too_large(limit: int) -> APIError:
     return APIError(f"the request body is larger than {limit} bytes", 413, code="request_too_large")
 
 
+def error_response(path: str, err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error in the shape of the route's API."""
+    anthropic = path.startswith(("/v1/messages", "/messages"))
+    body = anthropic_api.anthropic_error(err) if anthropic else err.body()
+    return JSONResponse(body, err.status, headers=headers)
+
+
 async def _error(scope, receive, send, err: APIError) -> None:
-    await JSONResponse(err.body(), err.status)(scope, receive, send)
+    await error_response(scope["path"], err)(scope, receive, send)
 
 
 INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
@@ -129,9 +148,21 @@ class _Relay:
 
 def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     engine = sched.engine
-    limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model)
+    limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
+                    default_max_tokens=cfg.default_max_tokens, seed=cfg.seed, n_vocab=engine.model.n_vocab,
+                    tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint)
     started = int(time.time())
     relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
+    store: list = []  # the History of stored responses, opened on the event loop's thread
+
+    def history():
+        if cfg.history is None:
+            raise APIError("this server stores no responses (the history log is off)", 400, "store")
+        if not store:
+            from tallow.runtime.history import History
+
+            store.append(History(cfg.history))
+        return store[0]
 
     async def body_of(request: HTTPRequest) -> tuple[dict[str, Any], int]:
         chunks, size = [], 0
@@ -142,9 +173,7 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
             chunks.append(chunk)
         return parse_json(b"".join(chunks)), size
 
-    async def complete(request: HTTPRequest, chat: bool) -> Response:
-        body, size = await body_of(request)
-        parsed = parse_chat(body, limits) if chat else parse_completion(body, limits)
+    async def submit(parsed, size: int):
         if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
             req = to_request(engine, parsed)
         else:  # a long one can take a while: off the event loop
@@ -153,9 +182,15 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         relay = relays.get(loop) or relays.setdefault(loop, _Relay(loop))
         events: asyncio.Queue = asyncio.Queue()
         handle = sched.submit(req, on_event=lambda ev: relay.send(events, ev))
-        shaper = Shaper(parsed, cfg.model, engine.model.piece)
+        return req, handle, events
+
+    async def answer(request: HTTPRequest, parsed, size: int, adapter, done=None) -> Response:
+        """Queue the request, then stream the adapter's events or return its whole answer;
+        `done(adapter)` runs once the answer is complete (to store it)."""
+        req, handle, events = await submit(parsed, size)
         if parsed.stream:
-            return StreamingResponse(_sse(handle, events, shaper, parsed.include_usage), media_type="text/event-stream",
+            return StreamingResponse(_sse(handle, events, adapter, len(req.prompt_tokens), done),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             checked = time.monotonic()
@@ -174,28 +209,74 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
                 if isinstance(ev, Failure):
                     raise ev.error
                 if isinstance(ev, TokenEvent):
-                    shaper.note(ev)
+                    adapter.note(ev)
                 elif isinstance(ev, FinalEvent):
-                    return JSONResponse(shaper.whole(ev))
+                    body = adapter.whole(ev)
+                    if done is not None:
+                        done(adapter)
+                    return JSONResponse(body)
         finally:
             handle.cancel()  # no effect once finished; frees the slot if the client went away
 
     async def chat_completions(request: HTTPRequest) -> Response:
-        return await complete(request, chat=True)
+        body, size = await body_of(request)
+        parsed = parse_chat(body, limits)
+        return await answer(request, parsed, size, ChatAdapter(parsed, cfg.model, engine.model.piece, cfg.fingerprint))
 
     async def completions(request: HTTPRequest) -> Response:
-        return await complete(request, chat=False)
+        body, size = await body_of(request)
+        parsed = parse_completion(body, limits)
+        return await answer(request, parsed, size, ChatAdapter(parsed, cfg.model, engine.model.piece, cfg.fingerprint))
 
-    def model_card() -> dict[str, Any]:
-        return {"id": cfg.model, "object": "model", "created": started, "owned_by": "tallow"}
+    def stored(rid: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        found = history().stored_response(rid) if isinstance(rid, str) else None
+        if found is None:
+            raise APIError(f"no stored response with the id {rid!r}", 404, "previous_response_id", "response_not_found")
+        return found
+
+    async def responses(request: HTTPRequest) -> Response:
+        body, size = await body_of(request)
+        prev = body.get("previous_response_id")
+        previous = stored(prev)[1] if prev is not None else None
+        parsed = responses_api.parse(body, limits, previous)
+        adapter = ResponsesAdapter(parsed, cfg.model)
+
+        def keep(a: ResponsesAdapter) -> None:
+            if parsed.extra["store"] and cfg.history is not None and a.result is not None:
+                history().store_response(a.result["id"], cfg.model, a.result, a.conversation())
+
+        return await answer(request, parsed, size, adapter, keep)
+
+    async def one_response(request: HTTPRequest) -> Response:
+        rid = request.path_params["rid"]
+        if request.method == "DELETE":
+            if not history().delete_response(rid):
+                raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
+            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+        return JSONResponse(stored(rid)[0])
+
+    async def messages(request: HTTPRequest) -> Response:
+        body, size = await body_of(request)
+        parsed = anthropic_api.parse(body, limits)
+        return await answer(request, parsed, size, MessagesAdapter(parsed, cfg.model))
+
+    async def count_tokens(request: HTTPRequest) -> Response:
+        body, size = await body_of(request)
+        parsed = anthropic_api.parse_count(body, limits)
+        req = await run_in_threadpool(to_request, engine, parsed)
+        return JSONResponse({"input_tokens": len(req.prompt_tokens)})
+
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": started, "owned_by": "tallow"}
 
     async def models(request: HTTPRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return JSONResponse({"object": "list", "data": [model_card(n) for n in (cfg.model, *cfg.aliases)]})
 
     async def one_model(request: HTTPRequest) -> Response:
-        if request.path_params["name"] != cfg.model:
-            raise APIError(f"the model '{request.path_params['name']}' is not served here", 404, code="model_not_found")
-        return JSONResponse(model_card())
+        name = request.path_params["name"]
+        if name not in limits.names():
+            raise APIError(f"the model '{name}' is not served here", 404, code="model_not_found")
+        return JSONResponse(model_card(name))
 
     async def health(request: HTTPRequest) -> Response:
         return JSONResponse({"status": "ok", "model": cfg.model, "slots": len(sched.slots),
@@ -205,61 +286,61 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         return PlainTextResponse(scheduler_metrics(sched), media_type="text/plain; version=0.0.4")
 
     async def api_error(request: HTTPRequest, exc: APIError) -> Response:
-        return JSONResponse(exc.body(), exc.status)
+        return error_response(request.url.path, exc)
 
     async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
         if isinstance(exc, QueueFull):
             err = APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error")
-            return JSONResponse(err.body(), 503, headers={"Retry-After": "1"})
+            return error_response(request.url.path, err, {"Retry-After": "1"})
         code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
-        return JSONResponse(APIError(exc.message, 400, code=code).body(), 400)
+        return error_response(request.url.path, APIError(exc.message, 400, code=code))
 
     async def not_found(request: HTTPRequest, exc) -> Response:
         status = getattr(exc, "status_code", 404)
         detail = "no such endpoint" if status == 404 else "method not allowed" if status == 405 else "bad request"
-        return JSONResponse(APIError(detail, status).body(), status)
+        return error_response(request.url.path, APIError(detail, status))
 
     middleware = []
     if cfg.cors:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type"]))
-    routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{name:path}", one_model, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST", "DELETE"],
+                                     allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"]))
+    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
+    for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
+        routes += [
+            Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
+            Route(f"{prefix}/completions", completions, methods=["POST"]),
+            Route(f"{prefix}/responses", responses, methods=["POST"]),
+            Route(f"{prefix}/responses/{{rid}}", one_response, methods=["GET", "DELETE"]),
+            Route(f"{prefix}/messages", messages, methods=["POST"]),
+            Route(f"{prefix}/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route(f"{prefix}/models", models, methods=["GET"]),
+            Route(f"{prefix}/models/{{name:path}}", one_model, methods=["GET"]),
+        ]
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={APIError: api_error, TallowError: tallow_error, 404: not_found,
                                         405: not_found})
     return _Guard(app, cfg)
 
 
-async def _sse(handle, events: asyncio.Queue, shaper: Shaper, include_usage: bool):
-    def data(obj: dict[str, Any]) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
+async def _sse(handle, events: asyncio.Queue, adapter, prompt_tokens: int, done=None):
     try:
-        if shaper.chat:
-            yield data(shaper.chunk(first=True))
+        for line in adapter.opening(prompt_tokens):
+            yield line
         while True:
             ev = await events.get()
             if isinstance(ev, Failure):
-                yield data(APIError(ev.error.message, 500, kind="server_error").body())
+                for line in adapter.failed(ev.error.message):
+                    yield line
                 return
             if isinstance(ev, TokenEvent):
-                entry = shaper.note(ev)
-                if ev.text or ev.reasoning or entry is not None:
-                    yield data(shaper.chunk(ev.text, ev.reasoning, entry=entry))
+                for line in adapter.tokens(ev):
+                    yield line
             elif isinstance(ev, FinalEvent):
-                if ev.tail or ev.reasoning_tail:
-                    yield data(shaper.chunk(ev.tail, ev.reasoning_tail))
-                yield data(shaper.chunk(finish=ev.finish_reason))
-                if include_usage:
-                    yield data(shaper.usage_chunk(ev))
-                yield "data: [DONE]\n\n"
+                lines = adapter.closing(ev)
+                if done is not None:
+                    done(adapter)  # stored before the client hears it is complete
+                for line in lines:
+                    yield line
                 return
     finally:
         handle.cancel()  # a client that disconnects mid-stream frees its slot
