@@ -63,8 +63,9 @@ def batch(
         try:
             stats = BatchStats(total=total)
             with _progress(total) as show:
-                run_batch(sched, read_lines(input), out, Limits(max_tokens=max_tokens, model=name),
-                          previous, stats, show)
+                limits = Limits(max_tokens=max_tokens, model=name, n_vocab=sched.engine.model.n_vocab,
+                                tool_format=sched.engine.tool_format())
+                run_batch(sched, read_lines(input), out, limits, previous, stats, show)
         finally:
             sched.close()
     console = err_console()

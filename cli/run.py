@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -61,6 +62,8 @@ def run(
     draft: o.Draft = None,
     format_: o.Format = None,
     json_schema: o.JsonSchema = None,
+    tools_file: Optional[Path] = typer.Option(None, "--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False),
+    tool_choice: str = typer.Option("auto", "--tool-choice", help="With --tools: auto, required, none, or a tool's name."),
     continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
     cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
 ) -> None:
@@ -70,12 +73,13 @@ def run(
     """
     if logprobs is not None and not as_json:
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
+    tool_spec = _read_tools(tools_file, tool_choice) if tools_file is not None else None
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
-    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json
+    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
     text, document = (None, None) if interactive else read_prompt(prompt)
     if not interactive:
         load = o.one_shot(load, text, max_tokens, draft is not None)
@@ -95,12 +99,15 @@ def run(
         prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
                                  cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
-                                 grammar=grammar, logprobs=logprobs)
+                                 grammar=grammar, logprobs=logprobs, tools=_tool_choice(engine, tool_spec))
         tokens: list = []
-        final = _stream(engine, request, echo=not as_json, show_reasoning=not hide_thinking and stderr_is_terminal(),
+        final = _stream(engine, request, echo=not as_json and tool_spec is None,
+                        show_reasoning=not hide_thinking and stderr_is_terminal(),
                         tokens=tokens if logprobs is not None else None)
-        if as_json:
+        if as_json or tool_spec is not None:
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
+            if tool_spec is not None:
+                out.update(_calls(request, final, _tool_choice(engine, tool_spec)))
             if logprobs is not None:
                 from tallow.serve.openai_api import token_logprob
 
@@ -116,6 +123,48 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED)
     if grammar is not None:
         o.check_structured(final.text, final.finish_reason, schema)
+
+
+def _read_tools(path: Path, choice: str):
+    """The tools of a --tools file (OpenAI's chat form, or {name, description, parameters}) and
+    the choice, checked as the server checks them."""
+    from tallow.serve.fields import tool_list
+
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TallowError(f"cannot read the tools in {path}: {exc}", "give a JSON list of function tools") from exc
+    if isinstance(items, list):
+        items = [t if isinstance(t, dict) and "type" in t else {"type": "function", "function": t} for t in items]
+    tools = tool_list(items, "--tools", "chat")
+    if not tools:
+        raise TallowError(f"{path} lists no tools")
+    if choice not in ("auto", "required", "none") and choice not in {t.name for t in tools}:
+        raise typer.BadParameter(f"{choice!r} is not auto, required, none or one of the tools", param_hint="--tool-choice")
+    return tools, choice
+
+
+def _tool_choice(engine, spec):
+    from tallow.runtime.tools import ToolChoice
+
+    if spec is None:
+        return None
+    tools, choice = spec
+    named = choice not in ("auto", "required", "none")
+    return ToolChoice(tools, "named" if named else choice, choice if named else None, True, engine.tool_format())
+
+
+def _calls(request, final: FinalEvent, choice) -> dict:
+    """The answer's content and calls, as a script wants them."""
+    from tallow.serve.answer import Answer
+
+    outcome = Answer(choice).whole(final)
+    out = {"content": outcome.content if outcome.content.strip() or not outcome.calls else None,
+           "tool_calls": [{"id": cid, "name": n, "arguments": json.loads(a)} for cid, n, a in outcome.calls],
+           "finish_reason": outcome.finish_reason}
+    if outcome.error:
+        out["tool_call_error"] = outcome.error
+    return out
 
 
 def _continued(history, continue_: bool, cid: str | None, system: str | None):

@@ -21,6 +21,7 @@ from tallow.common.errors import TallowError
 from tallow.runtime.scheduler import Failure, Scheduler
 from tallow.runtime.types import FinalEvent
 
+from .answer import Answer
 from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request, token_logprob
 
 
@@ -104,7 +105,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
     `out` as each finishes."""
     engine = sched.engine
     results: queue.Queue = queue.Queue()
-    in_flight: dict[int, tuple[Any, Any]] = {}  # line number -> (id, handle)
+    in_flight: dict[int, tuple[Any, Any, Any]] = {}  # line number -> (id, handle, tool choice)
     window = max(2, len(sched.slots) * 2)  # enough waiting to refill slots, without queueing the file
     seen: set[str] = set()  # ids met in this input so far
 
@@ -125,11 +126,11 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
                 return
             block = False
             if isinstance(event, Failure):
-                rid, _ = in_flight.pop(job)
+                rid, _, _ = in_flight.pop(job)
                 error(job, rid, f"line {job}: {event.error.message}")
             elif isinstance(event, FinalEvent):
-                rid, _ = in_flight.pop(job)
-                record = {"id": rid, "text": event.text, **event.to_dict()}
+                rid, _, choice = in_flight.pop(job)
+                record = {"id": rid, "text": event.text, **event.to_dict(), **tool_fields(choice, event)}
                 if entries is not None:
                     record["logprobs"] = {"content": entries}
                 write(record)
@@ -173,14 +174,27 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             except TallowError as exc:
                 error(lineno, rid, f"line {lineno}: {exc.message}")
                 continue
-            in_flight[lineno] = (rid, handle)
+            in_flight[lineno] = (rid, handle, parsed.tools)
             collect(block=False)
         while in_flight:
             collect(block=True)
     finally:
-        for _, handle in in_flight.values():  # interrupted: nothing half-done is written
+        for _, handle, _ in in_flight.values():  # interrupted: nothing half-done is written
             handle.cancel()
     return stats
+
+
+def tool_fields(choice, final: FinalEvent) -> dict[str, Any]:
+    """A record's calls, when its request offered tools (as a chat answer's message has them)."""
+    if choice is None:
+        return {}
+    outcome = Answer(choice).whole(final)
+    out: dict[str, Any] = {"finish_reason": outcome.finish_reason,
+                           "tool_calls": [{"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                                          for cid, n, a in outcome.calls]}
+    if outcome.error:
+        out["tool_call_error"] = outcome.error
+    return out
 
 
 def _ends_to(results: queue.Queue, lineno: int, piece, logprobs: bool) -> Callable:

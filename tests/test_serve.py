@@ -237,8 +237,12 @@ def test_api_key_required_and_refused(synth_model, tmp_path):
             chat(s.client("wrong"), "hi", max_tokens=2)
         assert s.raw("/v1/models")[2]["error"]["code"] == "invalid_api_key"  # no key at all
         assert chat(s.client("s3cret"), "hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
-        assert s.raw("/health")[0] == 401
-        _, headers, _ = s.raw("/health", headers={"Authorization": "Bearer s3cret", "Origin": "http://app.example"})
+        # /health answers without the key (load balancers and probes cannot send one); nothing else does
+        assert s.raw("/health")[0] == 200
+        assert s.raw("/metrics")[0] == 401 and s.raw("/models")[0] == 401
+        assert s.raw("/v1/models", headers={"x-api-key": "s3cret"})[0] == 200  # Anthropic's clients send this
+        assert s.raw("/v1/models", headers={"x-api-key": "nope"})[0] == 401
+        _, headers, _ = s.raw("/v1/models", headers={"Authorization": "Bearer s3cret", "Origin": "http://app.example"})
         assert headers["Access-Control-Allow-Origin"] == "http://app.example"
     finally:
         s.close()
