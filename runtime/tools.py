@@ -149,9 +149,18 @@ def _literal(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+MAX_CALLS = 8  # calls in one answer: a small model can otherwise repeat a call until max_tokens
+SMALL_RANGE = 256  # integer ranges up to this many values become enums the grammar enforces
+
+
 def _rebase_refs(schema: Any, base: str) -> Any:
-    """Local $refs ('#/...') of a schema nested under `base` in a bigger one."""
+    """A schema nested under `base` in a bigger one: its local $refs ('#/...') moved there, and
+    small integer ranges written as enums (the schema converter knows no numeric bounds)."""
     if isinstance(schema, dict):
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        if schema.get("type") == "integer" and isinstance(lo, int) and isinstance(hi, int) and \
+                0 <= hi - lo < SMALL_RANGE and set(schema) <= {"type", "minimum", "maximum", "description", "title"}:
+            return {"enum": list(range(lo, hi + 1))}
         return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebase_refs(v, base))
                 for k, v in schema.items()}
     if isinstance(schema, list):
@@ -209,18 +218,19 @@ def call_grammar(choice: ToolChoice) -> CallGrammar:
     lines.append(_argument_rules(tools))
     rules = "\n".join(lines)
     many = choice.parallel
+    more = f"{{0,{MAX_CALLS - 1}}}"
     if fmt == "hermes":
-        again = ' (tc-ws "<tool_call>" tc-ws tc-call tc-ws "</tool_call>")*' if many else ""
+        again = f' (tc-ws "<tool_call>" tc-ws tc-call tc-ws "</tool_call>"){more}' if many else ""
         rules += '\ntc-call ::= "{" tc-sp "\\"name\\"" tc-sp ":" tc-sp "\\"" tc-fns "}"'
         return CallGrammar(OPENINGS[fmt], f'tc-fns "}}" tc-ws "</tool_call>"{again}', rules)
     if fmt == "mistral":
         rules += '\ntc-call ::= "{" tc-sp "\\"name\\"" tc-sp ":" tc-sp "\\"" tc-fns "}"'
-        return CallGrammar(OPENINGS[fmt], 'tc-fns "}" ' + ('("," tc-sp tc-call)* ' if many else "") + '"]"', rules)
+        return CallGrammar(OPENINGS[fmt], 'tc-fns "}" ' + (f'("," tc-sp tc-call){more} ' if many else "") + '"]"', rules)
     if fmt == "llama3":
         rules += '\ntc-call ::= "{" tc-sp "\\"name\\"" tc-sp ":" tc-sp "\\"" tc-fns "}"'
-        return CallGrammar(OPENINGS[fmt], 'tc-fns "}"' + (' (";" tc-sp tc-call)*' if many else ""), rules)
+        return CallGrammar(OPENINGS[fmt], 'tc-fns "}"' + (f' (";" tc-sp tc-call){more}' if many else ""), rules)
     rules += '\ntc-call ::= "{" tc-sp "\\"name\\"" tc-sp ":" tc-sp "\\"" tc-fns "}"'
-    calls = 'tc-call ("," tc-sp tc-call)*' if many else "tc-call"
+    calls = f'tc-call ("," tc-sp tc-call){more}' if many else "tc-call"
     rest = f'tc-sp "[" {calls} "]" "}}"'
     if choice.mode == "auto":  # the generic format's reply form
         rules += '\ntc-reply ::= "{\\"response\\":" tc-sp tc-str "}"'

@@ -33,6 +33,7 @@ class Answer:
         on = choice is not None and choice.mode != "none" and bool(choice.offered)
         self.fmt = choice.format if on else None
         self.names = {t.name for t in choice.offered} if on else set()
+        self.schemas = {t.name: t.parameters for t in choice.offered} if on else {}
         self.calls = CallStream(self.fmt) if on else None
         self.ids: list[str] = []
         self.sent = ""  # content sent
@@ -67,6 +68,20 @@ class Answer:
             out.append(d)
         return out
 
+    def _invalid(self, calls) -> str | None:
+        """Why a call's arguments break its tool's schema (the grammar enforces most of a
+        schema; what it cannot, such as wide numeric bounds, is checked here)."""
+        import json
+
+        from jsonschema import ValidationError, validate
+
+        for c in calls:
+            try:
+                validate(json.loads(c.arguments), self.schemas[c.name])
+            except ValidationError as exc:
+                return f"the arguments of '{c.name}' do not follow its schema: {exc.message}"
+        return None
+
     def finish(self, final: FinalEvent) -> tuple[list[Delta], Outcome]:
         """The last deltas (held-back text, the rest of a call) and the whole answer."""
         deltas = ([Delta("reasoning", final.reasoning_tail)] if final.reasoning_tail else [])
@@ -81,12 +96,13 @@ class Answer:
             last, whole = self.calls.finish()
             deltas += self._checked(last)
             unknown = [c.name for c in whole.calls if c.name not in self.names]
-            if whole.error is None and not unknown:
+            invalid = None if whole.error or unknown else self._invalid(whole.calls)
+            if whole.error is None and not unknown and invalid is None:
                 calls = [(self.ids[i] if i < len(self.ids) else call_id(), c.name, c.arguments)
                          for i, c in enumerate(whole.calls)]
                 reason = "tool_calls" if calls else final.finish_reason
                 return deltas, Outcome(whole.content, final.reasoning, calls, None, reason)
-            self.failed = whole.error or f"the answer calls '{unknown[0]}', which is not among the tools"
+            self.failed = whole.error or invalid or f"the answer calls '{unknown[0]}', which is not among the tools"
         text = self.calls.text
         rest = text[len(self.sent):] if text.startswith(self.sent) else text
         if rest:
@@ -99,8 +115,9 @@ class Answer:
             return Outcome(final.text, final.reasoning, finish_reason=final.finish_reason)
         got = scan(final.text, self.fmt, final=True)
         unknown = [c.name for c in got.calls if c.name not in self.names]
-        if got.error is not None or unknown:
-            error = got.error or f"the answer calls '{unknown[0]}', which is not among the tools"
+        invalid = None if got.error or unknown else self._invalid(got.calls)
+        if got.error is not None or unknown or invalid:
+            error = got.error or invalid or f"the answer calls '{unknown[0]}', which is not among the tools"
             return Outcome(final.text, final.reasoning, [], error, final.finish_reason)
         calls = [(call_id(), c.name, c.arguments) for c in got.calls]
         return Outcome(got.content, final.reasoning, calls, None, "tool_calls" if calls else final.finish_reason)
