@@ -227,13 +227,18 @@ class Engine:
         # between batch sizes, and at temperature 0 that could change the answer.
         split = disk is not None and disk.saves_prompt(run.request)
         body = todo[: len(todo) - split] if todo else todo
-        chunks = [body[i:i + self.n_batch] for i in range(0, len(body), self.n_batch)]
+        points = disk.points(run.request, cached) if disk is not None and disk.applies(run.request) else []
+        ends = sorted({*range(self.n_batch, len(body), self.n_batch), *(p - cached for p in points), len(body)})
+        chunks = [body[a:b] for a, b in zip([0, *ends], ends) if b > a]
         if split and todo:
             chunks.append(todo[-1:])
-        # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory.
+        # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory; a
+        # chunk also ends at each cache point not on disk yet, which is saved right there.
         for n, chunk in enumerate(chunks):
             self.ctx.decode(chunk, len(seq.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
             seq.kv.extend(chunk)
+            while points and len(seq.kv) >= points[0]:
+                disk.save_point(seq, run.request, points.pop(0))
         run.timings.prefill_tokens = len(todo)
 
     def sampler_for(self, request: Request):

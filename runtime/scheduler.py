@@ -117,6 +117,7 @@ class _Job:
         self.next_token: int | None = None  # sampled, not yet evaluated
         self.drafter = LookupDrafter(request.prompt_tokens) if request.draft == "lookup" else None
         self.draft: list[int] = []  # guesses decoded after next_token in this step
+        self.points: list[int] = []  # cache points to save when the prefill reaches them
 
 
 class _Slot:
@@ -287,6 +288,7 @@ class Scheduler:
         if disk is not None and disk.applies(job.request):
             cached = disk.load_longest(seq, prompt, cached, run.usage)
         seq.keep(cached)
+        job.points = disk.points(job.request, cached) if disk is not None and disk.applies(job.request) else []
         run.usage.cached_tokens = cached
         run.timings.queue_ms = (now - run.started) * 1000
         run.timings.prefill_tokens = len(prompt) - cached
@@ -349,7 +351,7 @@ class Scheduler:
             room = budget - len(chunk)
             if det:  # below flash attention's tiled kernel, which rounds differently
                 room = min(room, DET_CHUNK)
-            n = min(room, len(prompt) - start)
+            n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]))  # stop at a cache point
             for i in range(start, start + n):
                 # deterministic mode asks for two output rows: see _pair
                 chunk.append((prompt[i], i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
@@ -385,8 +387,16 @@ class Scheduler:
                     self._fail(job, e)
                 return
             self.stats.steps += 1
+            self._save_points({e[2] for e in entries})
             for row, job in wants:
                 self._sample(job, row)
+
+    def _save_points(self, seqs: set[int]) -> None:
+        """Save the cache points the prefill just reached in a call that decoded `seqs` (see
+        DiskPrefixes.points)."""
+        for job in self._active:
+            while job.points and job.slot.seq in seqs and len(job.slot.kv) >= job.points[0]:
+                self.engine.disk.save_point(job.slot.sequence, job.request, job.points.pop(0))
 
     def _sample(self, job: _Job, row: int) -> None:
         """Sample the job's next token from `row` (with a draft: check the guesses decoded in

@@ -91,6 +91,23 @@ class DiskPrefixes:
             ends.add(len(request.prompt_tokens) - 1)
         return sorted(ends, reverse=True)
 
+    def points(self, request: Request, start: int) -> list[int]:
+        """Cache points past `start` that are not on disk yet, shortest first: the prefill stops
+        at each and saves it there, while the sequence holds exactly that prefix, so nothing
+        is trimmed afterwards (an agent's next turn finds its whole conversation in memory)."""
+        if not request.disk_cache:
+            return []
+        prompt, cache = request.prompt_tokens, self.cache
+        return sorted(n for n in set(request.cache_points)
+                      if start < n < len(prompt) and n >= cache.min_tokens and not cache.has(self.fingerprint, prompt[:n]))
+
+    def save_point(self, seq: Sequence, request: Request, n: int) -> bool:
+        """Save the first `n` prompt tokens, which the sequence holds and nothing more."""
+        tokens = request.prompt_tokens[:n]
+        if seq.kv != tokens:
+            return False
+        return self.cache.put(self.fingerprint, tokens, seq.save) is not None
+
     def load_longest(self, seq: Sequence, prompt: list[int], cached: int, usage: Usage) -> int:
         """Load the longest saved prefix that beats the `cached` tokens memory holds; returns the
         tokens now cached (and sets usage.cache_source to 'disk' when one was loaded)."""
