@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 
 _WS = " \t\r\n"
-_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"\s*:\s*')
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGS_KEY = re.compile(r'\s*,\s*"(arguments|parameters)"\s*:\s*')
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": "", "generic": ""}
 CLOSERS = {"hermes": "</tool_call>"}
 
@@ -104,10 +105,18 @@ def scan_call(text: str, i: int, final: bool) -> tuple[Call | None, int | None, 
     """The call object starting at text[i] ('{'): (the call so far, the index after it or None
     while it is open, an error). A call in the usual order streams its arguments as they are
     written; any other order appears whole once its object closes."""
-    m = _NAME.match(text, _skip_ws(text, i + 1))
+    named = _NAME.match(text, _skip_ws(text, i + 1))
+    m = _ARGS_KEY.match(text, named.end()) if named else None
+    if named is not None and m is None and not final:
+        ahead = re.sub(r"\s+", "", text[named.end():])
+        if ',"arguments":'.startswith(ahead) or ',"parameters":'.startswith(ahead):
+            try:  # the name is complete: the call can start before its arguments do
+                return Call(json.loads(f'"{named.group(1)}"'), "", False), None, None
+            except ValueError:
+                return None, None, "a tool call's name is not a valid string"
     if m is not None and text.startswith("{", m.end()):
         try:
-            name = json.loads(f'"{m.group(1)}"')
+            name = json.loads(f'"{named.group(1)}"')
         except ValueError:
             return None, None, "a tool call's name is not a valid string"
         start = m.end()

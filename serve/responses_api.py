@@ -44,14 +44,15 @@ def _text_of(content: Any, where: str) -> str:
     raise APIError(f"'{where}' must be a string or a list of text parts", param="input")
 
 
-def input_messages(items: Any) -> list[dict[str, Any]]:
-    """Responses input items as tallow's messages (serve/openai_api.py's form)."""
+def input_messages(items: Any, earlier: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Responses input items as tallow's messages (serve/openai_api.py's form); `earlier`, the
+    conversation they continue, names the calls its results answer."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise APIError("'input' must be a string or a non-empty list of items", param="input")
     out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
+    names = {c["id"]: c["name"] for m in earlier for c in m.get("tool_calls", ()) if c.get("id")}
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -92,7 +93,7 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
     check_fields(body, FIELDS, "/v1/responses")
     limits.check_model(body.get("model"))
     instructions = text_field(body, "instructions")
-    messages = (previous or []) + input_messages(body.get("input"))
+    messages = (previous or []) + input_messages(body.get("input"), previous or [])
     if instructions:
         messages = [{"role": "system", "content": instructions}] + messages
     tools = tool_list(body["tools"], "tools", "responses") if body.get("tools") is not None else ()
