@@ -95,9 +95,9 @@ def call_text(fmt: str, calls: list[dict[str, Any]]) -> str:
 
 
 def generic_instructions(choice: ToolChoice) -> str:
-    tools = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in choice.offered]
-    forms = ['{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]} to call '
-             + ("one or more tools" if choice.parallel else "a tool")]
+    tools = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in choice.tools]
+    which = f"the tool {choice.name}" if choice.mode == "named" else "one or more tools" if choice.parallel else "a tool"
+    forms = ['{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]} to call ' + which]
     if choice.mode == "auto":
         forms.append('{"response": "<your reply>"} to answer the user directly')
     return ("You can use these tools:\n" + json.dumps(tools, ensure_ascii=False, indent=1)
@@ -131,10 +131,12 @@ def prepare(messages: list[dict[str, Any]], choice: ToolChoice | None, template:
             else:
                 m = {"role": "user", "content": json.dumps(result, ensure_ascii=False)}
         out.append(m)
-    if choice is None or not choice.offered:
+    if choice is None:
         return out, None
-    if native:
-        return out, [t.as_openai() for t in choice.offered]
+    if native:  # every tool is shown, whatever the choice: the prompt stays the same across a loop
+        return out, [t.as_openai() for t in choice.tools]
+    if not choice.offered:
+        return out, None
     note = generic_instructions(choice)
     if out and out[0]["role"] == "system":
         out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + note}

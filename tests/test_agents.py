@@ -210,3 +210,64 @@ def test_the_openai_agents_sdk_runs_an_agent_with_a_tool(server):
                              max_turns=4)
     assert calls == ["Paris"] and result.final_output == "OK"
     assert agents is not None
+
+
+def test_reasoning_items_and_thinking_blocks(tmp_path):
+    """A model that thinks in <think> blocks: a reasoning item first in a Response, a thinking
+    block in a Message when thinking is asked for (and none when it is not)."""
+    from test_chat import THINK_SCRIPT, THINK_TEMPLATE
+
+    path = write_synthetic_gguf(tmp_path / "think.gguf", script=THINK_SCRIPT, template=THINK_TEMPLATE)
+    s = Server(path, tmp_path / "home")
+    try:
+        r = s.client().responses.create(model="think.gguf", input="hi", temperature=0)
+        assert [i.type for i in r.output] == ["reasoning", "message"]
+        assert r.output[0].content[0].text == "hm" and r.output_text == "OK"
+        assert r.usage.output_tokens_details.reasoning_tokens == 3
+        with s.client().responses.stream(model="think.gguf", input="hi", temperature=0) as stream:
+            kinds = [e.type for e in stream]
+        assert kinds.index("response.reasoning_text.delta") < kinds.index("response.output_text.delta")
+        a = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0)
+        m = a.messages.create(model="think.gguf", max_tokens=2048, messages=[{"role": "user", "content": "hi"}],
+                              thinking={"type": "enabled", "budget_tokens": 1024})
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content] == \
+            [("thinking", "hm"), ("text", "OK")]
+        with a.messages.stream(model="think.gguf", max_tokens=2048, messages=[{"role": "user", "content": "hi"}],
+                               thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+            final = stream.get_final_message()
+        assert final.content[0].type == "thinking" and final.content[0].thinking == "hm"
+        plain = a.messages.create(model="think.gguf", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+        assert [b.type for b in plain.content] == ["text"]
+        with pytest.raises(anthropic.BadRequestError):  # the budget must be below max_tokens
+            a.messages.create(model="think.gguf", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
+                              thinking={"type": "enabled", "budget_tokens": 1024})
+    finally:
+        s.close()
+
+
+def test_run_tools_prints_calls_and_batch_records_carry_them(loop_model, tmp_path):
+    from conftest import run_tallow
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([t["function"] for t in CHAT_TOOLS]))
+    r = run_tallow(["run", str(loop_model), "What is the weather in Paris?", "--tools", str(tools), "--temperature", "0"],
+                   home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "tool_calls" and out["content"] is None
+    assert [(c["name"], c["arguments"]) for c in out["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+    r = run_tallow(["run", str(loop_model), "hi", "--tools", str(tools), "--tool-choice", "nope"], home=tmp_path)
+    assert r.returncode == 2 and b"--tool-choice" in r.stderr and b"Traceback" not in r.stderr
+    tools.write_text("[{]")
+    r = run_tallow(["run", str(loop_model), "hi", "--tools", str(tools)], home=tmp_path)
+    assert r.returncode == 1 and b"tools" in r.stderr and b"Traceback" not in r.stderr
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"id": 1, "messages": USER, "tools": CHAT_TOOLS, "temperature": 0}) + "\n"
+                     + json.dumps({"id": 2, "messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required",
+                                   "frobnicate": 1}) + "\n")
+    r = run_tallow(["batch", str(lines), "-m", str(loop_model), "-o", str(tmp_path / "out.jsonl")], home=tmp_path)
+    records = {rec["id"]: rec for rec in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert records[1]["finish_reason"] == "tool_calls"
+    assert records[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert "frobnicate" in records[2]["error"]  # the same validation as the server's
+    assert r.returncode == 1
