@@ -28,6 +28,7 @@ def batch(
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
+    tool_format: o.ToolFormat = "auto",
     no_cache: o.NoCache = False,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Take the error records out of the output and run those requests again."),
     offline: o.Offline = False,
@@ -44,6 +45,7 @@ def batch(
     from tallow.serve.openai_api import Limits
     from tallow.runtime.scheduler import SchedulerSettings
 
+    forced_format = o.parse_tool_format(tool_format)
     if not input.is_file():
         raise typer.BadParameter(f"{input} is not a readable file", param_hint="INPUT")
     if output.exists() and (output.is_dir() or output.resolve() == input.resolve()):
@@ -64,7 +66,7 @@ def batch(
             stats = BatchStats(total=total)
             with _progress(total) as show:
                 limits = Limits(max_tokens=max_tokens, model=name, n_vocab=sched.engine.model.n_vocab,
-                                tool_format=sched.engine.tool_format())
+                                tool_format=forced_format or sched.engine.tool_format())
                 run_batch(sched, read_lines(input), out, limits, previous, stats, show)
         finally:
             sched.close()

@@ -38,6 +38,7 @@ Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decod
 Format = Annotated[Optional[str], typer.Option("--format", help="'json': the answer is always one JSON object (grammar-constrained).", show_default=False)]
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
+ToolFormat = Annotated[str, typer.Option("--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
 Parallel = Annotated[int, typer.Option("--parallel", "-p", min=1, max=256, help="Requests decoded together (continuous batching).")]
 Deterministic = Annotated[bool, typer.Option("--deterministic", help="Answers that do not depend on the other requests in the batch (slower; see the README).")]
@@ -96,6 +97,18 @@ def parse_flash_attn(value: str) -> str:
     if value in ("auto", "on", "off"):
         return value
     raise typer.BadParameter("use auto, on or off", param_hint="--flash-attn")
+
+
+def parse_tool_format(value: str) -> str | None:
+    """None for auto (the chat template decides), else the format family named."""
+    from tallow.runtime.tools import FORMATS
+
+    if value == "auto":
+        return None
+    if value not in FORMATS:
+        raise typer.BadParameter(f"{value!r} is not a tool-call format; use auto, {', '.join(FORMATS)}",
+                                 param_hint="--tool-format")
+    return value
 
 
 def parse_draft(value: str | None) -> str | None:

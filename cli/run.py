@@ -64,6 +64,7 @@ def run(
     json_schema: o.JsonSchema = None,
     tools_file: Optional[Path] = typer.Option(None, "--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False),
     tool_choice: str = typer.Option("auto", "--tool-choice", help="With --tools: auto, required, none, or a tool's name."),
+    tool_format: o.ToolFormat = "auto",
     continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
     cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
 ) -> None:
@@ -73,7 +74,7 @@ def run(
     """
     if logprobs is not None and not as_json:
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
-    tool_spec = _read_tools(tools_file, tool_choice) if tools_file is not None else None
+    tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
     grammar, schema = o.structured(format_, json_schema)
@@ -125,7 +126,7 @@ def run(
         o.check_structured(final.text, final.finish_reason, schema)
 
 
-def _read_tools(path: Path, choice: str):
+def _read_tools(path: Path, choice: str, fmt: str | None):
     """The tools of a --tools file (OpenAI's chat form, or {name, description, parameters}) and
     the choice, checked as the server checks them."""
     from tallow.serve.fields import tool_list
@@ -141,7 +142,7 @@ def _read_tools(path: Path, choice: str):
         raise TallowError(f"{path} lists no tools")
     if choice not in ("auto", "required", "none") and choice not in {t.name for t in tools}:
         raise typer.BadParameter(f"{choice!r} is not auto, required, none or one of the tools", param_hint="--tool-choice")
-    return tools, choice
+    return tools, choice, fmt
 
 
 def _tool_choice(engine, spec):
@@ -149,9 +150,9 @@ def _tool_choice(engine, spec):
 
     if spec is None:
         return None
-    tools, choice = spec
+    tools, choice, fmt = spec
     named = choice not in ("auto", "required", "none")
-    return ToolChoice(tools, "named" if named else choice, choice if named else None, True, engine.tool_format())
+    return ToolChoice(tools, "named" if named else choice, choice if named else None, True, fmt or engine.tool_format())
 
 
 def _calls(request, final: FinalEvent, choice) -> dict:

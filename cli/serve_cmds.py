@@ -38,7 +38,7 @@ def serve(
     alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one.", show_default=False),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
     default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
-    tool_format: str = typer.Option("auto", "--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic."),
+    tool_format: o.ToolFormat = "auto",
     offline: o.Offline = False,
 ) -> None:
     """Serve a model over HTTP with OpenAI's and Anthropic's APIs.
@@ -52,11 +52,7 @@ def serve(
     from tallow.runtime.scheduler import SchedulerSettings
     from tallow.serve.server import ServerConfig, create_app, is_loopback
 
-    from tallow.runtime.tools import FORMATS
-
-    if tool_format != "auto" and tool_format not in FORMATS:
-        raise typer.BadParameter(f"{tool_format!r} is not a tool-call format; use auto, {', '.join(FORMATS)}",
-                                 param_hint="--tool-format")
+    forced_format = o.parse_tool_format(tool_format)
     key = api_key or settings.api_key()
     if not is_loopback(host) and not key:
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
@@ -76,7 +72,7 @@ def serve(
                                              max_body=max_body, max_tokens=max_tokens,
                                              default_max_tokens=default_max_tokens, seed=seed,
                                              aliases=tuple(alias or ()), fingerprint=fingerprint,
-                                             tool_format=None if tool_format == "auto" else tool_format,
+                                             tool_format=forced_format,
                                              history=history))
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
