@@ -67,6 +67,7 @@ class Terminal:
         while time.monotonic() < deadline:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
+                self._drain()  # what it wrote just before exiting is still in the pty
                 return os.waitstatus_to_exitcode(status)
             try:
                 if select.select([self.fd], [], [], 0.2)[0]:
@@ -75,6 +76,18 @@ class Terminal:
                 pass
         self.kill()
         raise AssertionError("the program did not exit")
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                if not select.select([self.fd], [], [], 0.2)[0]:
+                    return
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # EIO: the other side is closed and empty
+                return
+            if not chunk:
+                return
+            self.buf += chunk
 
     def kill(self) -> None:
         try:
