@@ -14,7 +14,7 @@ from typing import Any
 from tallow.runtime.types import FinalEvent
 
 from .answer import Outcome
-from .fields import APIError, check_fields, flag, number, sampling, stops, tool_choice, tool_list
+from .fields import APIError, check_fields, flag, joined_text, number, sampling, stops, tool_choice, tool_list
 from .openai_api import Limits, Parsed
 
 FIELDS = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
@@ -33,17 +33,7 @@ def new_id(prefix: str) -> str:
 
 
 def _text_blocks(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for i, b in enumerate(value):
-            if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-                kind = b.get("type") if isinstance(b, dict) else type(b).__name__
-                raise APIError(f"{where}[{i}]: only text blocks are supported here, not {kind!r}", param=where)
-            parts.append(b["text"])
-        return "".join(parts)
-    raise APIError(f"{where} must be a string or a list of text blocks", param=where)
+    return joined_text(value, where, where, noun="blocks")
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -116,6 +116,24 @@ def text_field(body: dict, name: str) -> str | None:
     return value
 
 
+def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("text",), noun: str = "parts") -> str:
+    """Content given as a string or a list of text parts (of `kinds`), as one string; any
+    other part (an image, audio) is refused by name."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(f"{where}[{i}]: only text {noun} are supported, not {kind!r}", param=param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise APIError(f"{where} must be a string or a list of text {noun}", param=param)
+
+
 def sampling(body: dict, default_seed: int | None = None) -> Sampling:
     """Sampling settings from the fields every route shares (tallow's defaults, as
     llama.cpp's server, for what the client leaves out)."""

@@ -17,8 +17,8 @@ from tallow.runtime.tools import ToolChoice
 from tallow.runtime.types import FinalEvent, Request, Sampling, TokenEvent
 
 from .answer import Outcome
-from .fields import (APIError, check_fields, flag, logit_bias, number, parse_json, sampling, schema_of, stops,
-                     text_field, tool_choice, tool_list)
+from .fields import (APIError, check_fields, flag, joined_text, logit_bias, number, parse_json, sampling, schema_of,
+                     stops, text_field, tool_choice, tool_list)
 
 __all__ = ["APIError", "parse_json"]
 
@@ -139,22 +139,6 @@ def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
     return True, schema_of(spec.get("schema", {}), "response_format.json_schema.schema")
 
 
-def _content(message: dict, i: int) -> str:
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(f"messages[{i}].content: only text parts are supported", param="messages")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise APIError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
-
-
 def _calls(m: dict, i: int) -> list[dict[str, Any]]:
     """An assistant message's tool_calls, as {"id", "name", "arguments"}."""
     calls = m.get("tool_calls")
@@ -184,7 +168,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
             raise APIError(f"messages[{i}] needs a 'role' of system, developer, user, assistant or tool",
                            param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        msg: dict[str, Any] = {"role": role, "content": _content(m, i)}
+        msg: dict[str, Any] = {"role": role, "content": joined_text(m.get("content"), f"messages[{i}].content", "messages")}
         if role == "assistant":
             calls = _calls(m, i)
             if calls:

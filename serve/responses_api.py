@@ -16,8 +16,8 @@ from typing import Any
 from tallow.runtime.types import FinalEvent
 
 from .answer import Outcome
-from .fields import (APIError, check_fields, flag, logit_bias, number, sampling, schema_of, stops, text_field,
-                     tool_choice, tool_list)
+from .fields import (APIError, check_fields, flag, joined_text, logit_bias, number, sampling, schema_of, stops,
+                     text_field, tool_choice, tool_list)
 from .openai_api import Limits, Parsed
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
@@ -30,18 +30,7 @@ def new_id(prefix: str) -> str:
 
 
 def _text_of(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
-                    or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise APIError(f"'{where}[{i}]': only text parts are supported, not {kind!r}", param="input")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise APIError(f"'{where}' must be a string or a list of text parts", param="input")
+    return joined_text(content, where, "input", ("input_text", "output_text", "text"))
 
 
 def input_messages(items: Any, earlier: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
