@@ -121,8 +121,12 @@ class Engine:
         (a runtime.tools.ToolChoice) are shown to the model and constrain its calls."""
         template = None if raw else self.chat_template()
         markers = reasoning_markers(template.source) if template else None
+        kw_messages = messages
         messages, template_tools, kw = self._with_tools(messages, tools, template, markers, kw)
-        cache_prefixes = [self._with_tools(p, tools, template, markers, {})[0] for p in cache_prefixes]
+        if template_tools is not None or messages is not kw_messages:  # prefixes render as the prompt does
+            from .tools import prepare
+
+            cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
         tokens = self.prompt_for(messages, raw=raw, tools=template_tools)
         inside = False
         if markers:
