@@ -49,17 +49,20 @@ def _register() -> None:
     from .chat import chat
     from .doctor import doctor
     from .history_cmds import logs_app
+    from .ps_cmds import ps, stop
     from .run import run
+    from .runner_cmds import runner
     from .serve_cmds import serve
     from .quantize_cmds import eval_models, imatrix, quantize
     from .store_cmds import import_model, list_models, pull, rm, show
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
                 ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve), ("doctor", doctor))
+                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve), ("ps", ps), ("stop", stop), ("doctor", doctor))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.command(name="completions")(guarded(completions))
+    app.command(name="runner", hidden=True)(guarded(runner))  # started by serve, one per loaded model
     app.add_typer(logs_app, name="logs")
     app.add_typer(cache_app, name="cache")
 

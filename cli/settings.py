@@ -32,12 +32,18 @@ API_KEY = Setting("TALLOW_API_KEY", "none", "the key `tallow serve` requires (sa
 CPU_REPACK = Setting("TALLOW_CPU_REPACK", "auto", "repacked CPU weight layouts: auto (probed once per machine), on, off")
 MACHINE = Setting("TALLOW_MACHINE_CACHE", "$TALLOW_HOME/cache/machine.json",
                   "what tallow measured about this machine (repack probe, flash-attention timings)")
+HOST = Setting("TALLOW_HOST", "127.0.0.1:8080", "the server `tallow ps` and `tallow stop` talk to (host:port)")
+KEEP_ALIVE = Setting("TALLOW_KEEP_ALIVE", "5m", "how long `tallow serve` keeps an idle model loaded (same as --keep-alive)")
 
-REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN, API_KEY, CPU_REPACK, MACHINE]
+REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN, API_KEY, CPU_REPACK, MACHINE, HOST,
+            KEEP_ALIVE]
 # Test hooks, not user settings (docs/DESIGN.md, "Calibration"): make the probe child crash or
 # hang ("crash", "hang"), or probe where no type needs it ("probe"); and its time limit.
 TEST_PROBE = "TALLOW_TEST_PROBE"
 TEST_PROBE_TIMEOUT = "TALLOW_TEST_PROBE_TIMEOUT"
+# ... and make the runner of one model die by SIGSEGV at its Nth token ("MODEL:N"), for the
+# crash-containment tests (docs/DESIGN.md, "Runners").
+TEST_RUNNER_CRASH = "TALLOW_TEST_RUNNER_CRASH"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -112,6 +118,30 @@ def test_probe() -> tuple[str | None, float | None]:
     hook = os.environ.get(TEST_PROBE) or None
     timeout = os.environ.get(TEST_PROBE_TIMEOUT)
     return hook, float(timeout) if timeout else None
+
+
+def test_runner_crash(model: str) -> int | None:
+    hook = os.environ.get(TEST_RUNNER_CRASH, "")
+    name, _, count = hook.rpartition(":")
+    return int(count) if name == model and count.isdigit() else None
+
+
+def server_address(given: str | None = None) -> str:
+    """--host, else TALLOW_HOST, as a base URL ("host:port", "host", ":port" or a URL)."""
+    raw = (given or "").strip() or HOST.raw().strip() or HOST.default
+    if "://" not in raw:
+        raw = "http://" + raw
+    scheme, rest = raw.split("://", 1)
+    hostport = rest.split("/", 1)[0]
+    if hostport.startswith(":"):
+        hostport = "127.0.0.1" + hostport
+    if not hostport.rsplit(":", 1)[-1].isdigit() or hostport.endswith("]"):
+        hostport += ":8080"
+    return f"{scheme}://{hostport}"
+
+
+def keep_alive() -> str:
+    return KEEP_ALIVE.raw().strip() or KEEP_ALIVE.default
 
 
 def prompt_cache_dir() -> Path:

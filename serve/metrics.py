@@ -54,3 +54,35 @@ def scheduler_metrics(sched) -> str:
     lines += gauge("tallow_kv_cells_used", "KV cache cells holding tokens", sched.kv_used)
     lines += gauge("tallow_kv_cells_total", "KV cache cells", sched.n_ctx)
     return "\n".join(lines) + "\n"
+
+
+def merge_pages(pages: dict[str, str]) -> str:
+    """Several runners' /metrics pages as one: every sample gets a `model` label, and each
+    family's HELP and TYPE lines appear once, before its samples."""
+    families: dict[str, list[str]] = {}
+    heads: dict[str, list[str]] = {}
+    for model, page in sorted(pages.items()):
+        family = ""
+        for line in page.splitlines():
+            if line.startswith("# "):
+                parts = line.split(" ", 3)
+                family = parts[2] if len(parts) > 2 else family
+                if family not in heads:
+                    heads[family] = []
+                if line not in heads[family]:
+                    heads[family].append(line)
+                families.setdefault(family, [])
+            elif line.strip():
+                families.setdefault(family, []).append(_with_label(line, "model", model))
+    out = []
+    for family, samples in families.items():
+        out += heads.get(family, []) + samples
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def _with_label(sample: str, key: str, value: str) -> str:
+    name_part, _, rest = sample.partition(" ")
+    label = f'{key}="{_escape(value)}"'
+    if name_part.endswith("}"):
+        return f"{name_part[:-1]},{label}}} {rest}"
+    return f"{name_part}{{{label}}} {rest}"

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from tallow.common.errors import TallowError
 
 from tallow.runtime.errors import ContextOverflow
-from . import anthropic_api, responses_api
+from . import anthropic_api, ollama_api, responses_api
 from .metrics import scheduler_metrics
 from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request
 from .streams import ChatAdapter, MessagesAdapter, ResponsesAdapter
@@ -53,6 +53,7 @@ class ServerConfig:
     tool_format: str | None = None  # None: from the model's chat template
     fingerprint: str = ""
     history: object = None  # where stored Responses live: a path, ":memory:", or None (not stored)
+    fault_after_tokens: int | None = None  # tests only: die by SIGSEGV at this many tokens (crash containment)
 
 
 def is_loopback(host: str) -> bool:
@@ -73,7 +74,7 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-class _Guard:
+class Guard:
     """ASGI middleware: Host check, API key and body size, before any route runs."""
 
     def __init__(self, app, cfg: ServerConfig) -> None:
@@ -108,8 +109,12 @@ def _too_large(limit: int) -> APIError:
 
 def error_response(path: str, err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
     """An error in the shape of the route's API."""
-    anthropic = path.startswith(("/v1/messages", "/messages"))
-    body = anthropic_api.anthropic_error(err) if anthropic else err.body()
+    if path.startswith(("/v1/messages", "/messages")):
+        body = anthropic_api.anthropic_error(err)
+    elif path.startswith("/api/"):
+        body = ollama_api.ollama_error(err)
+    else:
+        body = err.body()
     return JSONResponse(body, err.status, headers=headers)
 
 
@@ -151,6 +156,8 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
                     default_max_tokens=cfg.default_max_tokens, seed=cfg.seed, n_vocab=engine.model.n_vocab,
                     tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint)
+    loaded = ollama_api.Loaded(capacity=sched.capacity, threads=engine.n_threads, gpu_layers=engine.gpu_layers)
+    fault = _fault(cfg.fault_after_tokens) if cfg.fault_after_tokens else None
     started = int(time.time())
     relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
     store: list = []  # the History of stored responses, opened on the event loop's thread
@@ -181,7 +188,8 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         loop = asyncio.get_running_loop()
         relay = relays.get(loop) or relays.setdefault(loop, _Relay(loop))
         events: asyncio.Queue = asyncio.Queue()
-        handle = sched.submit(req, on_event=lambda ev: relay.send(events, ev))
+        deliver = (lambda ev: relay.send(events, ev)) if fault is None else fault(lambda ev: relay.send(events, ev))
+        handle = sched.submit(req, on_event=deliver)
         return req, handle, events
 
     async def answer(request: HTTPRequest, parsed, size: int, adapter, done=None) -> Response:
@@ -190,7 +198,7 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         req, handle, events = await submit(parsed, size)
         if parsed.stream:
             return StreamingResponse(_sse(handle, events, adapter, len(req.prompt_tokens), done),
-                                     media_type="text/event-stream",
+                                     media_type=getattr(adapter, "media_type", "text/event-stream"),
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             checked = time.monotonic()
@@ -266,6 +274,13 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         req = await run_in_threadpool(to_request, engine, parsed)
         return JSONResponse({"input_tokens": len(req.prompt_tokens)})
 
+    async def ollama(request: HTTPRequest) -> Response:
+        body, size = await body_of(request)
+        chat = request.url.path == "/api/chat"
+        parsed = (ollama_api.parse_chat if chat else ollama_api.parse_generate)(body, limits, loaded)
+        load_ms = float(request.headers.get("x-tallow-load-ms") or 0)  # set by the server that started this runner
+        return await answer(request, parsed, size, ollama_api.OllamaAdapter(parsed, cfg.model, load_ms))
+
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": started, "owned_by": "tallow"}
 
@@ -304,7 +319,8 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     if cfg.cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST", "DELETE"],
                                      allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"]))
-    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
+    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
+              Route("/api/chat", ollama, methods=["POST"]), Route("/api/generate", ollama, methods=["POST"])]
     for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
         routes += [
             Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
@@ -319,7 +335,25 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={APIError: api_error, TallowError: tallow_error, 404: not_found,
                                         405: not_found})
-    return _Guard(app, cfg)
+    return Guard(app, cfg)
+
+
+def _fault(after: int):
+    """Tests only: a wrapper of the event callback that crashes the process natively (a
+    SIGSEGV, as a llama.cpp bug would) once `after` tokens have been handed out."""
+    count = [0]
+
+    def wrap(deliver):
+        def on_event(ev) -> None:
+            if isinstance(ev, TokenEvent):
+                count[0] += 1
+                if count[0] >= after:
+                    import ctypes
+
+                    ctypes.string_at(0)  # reads address 0: the kernel kills the process with SIGSEGV
+            deliver(ev)
+        return on_event
+    return wrap
 
 
 async def _sse(handle, events: asyncio.Queue, adapter, prompt_tokens: int, done=None):

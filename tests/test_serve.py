@@ -222,11 +222,13 @@ def test_metrics_are_prometheus_text(server):
     status, headers, text = server.raw("/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    assert float(values['tallow_requests_total{finish_reason="length"}']) >= 1
-    assert float(values["tallow_completion_tokens_total"]) >= 3
-    assert float(values['tallow_time_to_first_token_seconds_bucket{le="+Inf"}']) >= 1
-    assert float(values["tallow_inter_token_latency_seconds_count"]) >= 2
-    assert values["tallow_slots_total"] == "8" and "tallow_kv_cells_used" in values and "tallow_queue_depth" in values
+    assert float(values['tallow_requests_total{finish_reason="length",model="synthetic.gguf"}']) >= 1
+    assert float(values['tallow_completion_tokens_total{model="synthetic.gguf"}']) >= 3
+    assert float(values['tallow_time_to_first_token_seconds_bucket{le="+Inf",model="synthetic.gguf"}']) >= 1
+    assert float(values['tallow_inter_token_latency_seconds_count{model="synthetic.gguf"}']) >= 2
+    m = '{model="synthetic.gguf"}'
+    assert values["tallow_slots_total" + m] == "8" and "tallow_kv_cells_used" + m in values
+    assert "tallow_queue_depth" + m in values and values["tallow_models_loaded"] == "1"
 
 
 def test_api_key_required_and_refused(synth_model, tmp_path):
@@ -274,7 +276,7 @@ def test_full_queue_503_and_disconnect_frees_the_slot(synth_model, tmp_path):
         status, _, data = waiting.result(timeout=60)
         assert status == 200 and data["usage"]["completion_tokens"] == 3
         metrics = s.raw("/metrics")[2]
-        assert 'tallow_requests_total{finish_reason="cancelled"} 1' in metrics
+        assert 'tallow_requests_total{finish_reason="cancelled",model="synthetic.gguf"} 1' in metrics
         assert s.health()["slots_busy"] == 0
     finally:
         s.close()
@@ -308,7 +310,7 @@ def test_disconnect_cancels_a_whole_answer_too(synth_model, tmp_path):
             assert time.monotonic() < deadline, "the abandoned request kept its slot"
             time.sleep(0.05)
         metrics = s.raw("/metrics")[2]
-        assert 'tallow_requests_total{finish_reason="cancelled"} 1' in metrics
+        assert 'tallow_requests_total{finish_reason="cancelled",model="synthetic.gguf"} 1' in metrics
         assert "tallow_completion_tokens_total" in metrics
     finally:
         s.close()

@@ -1,0 +1,334 @@
+"""The HTTP front of `tallow serve`: many models, each in its own runner process.
+
+The front holds no model. It checks the request (Host, API key, body size: the same guard as
+a runner's), finds the model the body names (serve/catalog.py), gets its runner from the pool
+(serve/runners.py, starting it if needed) and relays the request to it over the runner's Unix
+socket (serve/upstream.py), chunk by chunk. It answers itself what needs no model: Ollama's
+model management, /api/ps, the model lists, stored responses, /health and /metrics.
+
+A runner that dies mid-answer ends that answer with an error in the route's own shape (an
+SSE error event, an Ollama error line, or a 500 before anything was sent); the next request
+for the model starts a new runner (docs/DESIGN.md, "Runners").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tallow.common.errors import TallowError
+
+from . import anthropic_api, ollama_api, upstream
+from .catalog import Catalog
+from .fields import APIError, parse_json
+from .metrics import gauge, merge_pages
+from .runners import Pool, Runner, parse_keep_alive
+from .server import Guard, ServerConfig, error_response
+
+OLLAMA_ROUTES = ("/api/chat", "/api/generate")
+PASSED_HEADERS = ("retry-after",)  # from a runner's whole answer to the client
+MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    guard: ServerConfig  # host, API key, CORS, body size
+    default_model: str | None = None  # for requests that name none (the first model named at start)
+    version: str = "0"
+
+
+def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
+    started = int(time.time())
+    stored: list = []
+    max_body = cfg.guard.max_body
+
+    async def body_of(request: HTTPRequest) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                raise APIError(f"the request body is larger than {max_body} bytes", 413, code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def keep_alive_of(body: dict) -> Any:
+        if "keep_alive" not in body or body["keep_alive"] is None:
+            return "default"
+        try:
+            return parse_keep_alive(body["keep_alive"])
+        except ValueError as exc:
+            raise APIError(str(exc), 400, "keep_alive") from exc
+
+    async def relay(request: HTTPRequest) -> Response:
+        path = request.url.path
+        raw = await body_of(request)
+        body = parse_json(raw)
+        local = catalog.find(body.get("model") or cfg.default_model or _missing_model())
+        keep = keep_alive_of(body) if path in OLLAMA_ROUTES else "default"
+        if path in OLLAMA_ROUTES and not (body.get("messages") if path == "/api/chat" else body.get("prompt")):
+            return await load_or_unload(local.name, path == "/api/chat", keep)
+        if body.get("model") != local.name:
+            body["model"] = local.name
+            raw = json.dumps(body).encode()
+        runner, load_ms = await run_in_threadpool(pool.acquire, local.name)
+        headers = {"Content-Type": "application/json"}
+        if load_ms:
+            headers["X-Tallow-Load-Ms"] = f"{load_ms:.3f}"
+        streaming = False
+        try:
+            reply = await _reply(request, runner, path, raw, headers)
+            if reply is None:
+                return Response(status_code=499)
+            if reply.streamed:
+                streaming = True
+                return StreamingResponse(_passed(reply, runner, path), status_code=reply.status,
+                                         media_type=reply.content_type,
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                         background=BackgroundTask(pool.release, runner, keep))
+            kept = {k: v for k, v in reply.headers.items() if k in PASSED_HEADERS}
+            return Response(await reply.body(), reply.status, media_type=reply.content_type, headers=kept)
+        except upstream.RunnerLost:
+            raise APIError(await _lost(runner), 500, code="runner_crashed", kind="server_error")
+        finally:
+            if not streaming:
+                pool.release(runner, keep)
+
+    async def load_or_unload(name: str, chat: bool, keep) -> Response:
+        """Ollama's idiom: a generate or chat with no prompt loads the model, or with
+        keep_alive 0 unloads it."""
+        if keep == 0:
+            await run_in_threadpool(pool.unload, name)
+            return JSONResponse(ollama_api.empty_answer(name, chat, "unload"))
+        runner, _ = await run_in_threadpool(pool.acquire, name)
+        pool.release(runner, keep)
+        return JSONResponse(ollama_api.empty_answer(name, chat, "load"))
+
+    async def _reply(request: HTTPRequest, runner: Runner, path: str, raw: bytes, headers: dict):
+        """The runner's reply (status and headers); None if the client left while it worked."""
+        task = asyncio.ensure_future(upstream.request(runner.socket, "POST", path, raw, headers))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                return None
+
+    async def _passed(reply: upstream.Reply, runner: Runner, path: str):
+        try:
+            async for chunk in reply.chunks():
+                yield chunk
+        except upstream.RunnerLost:
+            yield _broken(path, await _lost(runner))
+        finally:
+            reply.close()  # a client that left closes the runner's connection: it frees the slot
+
+    async def _lost(runner: Runner) -> str:
+        await run_in_threadpool(_settle, runner)
+        return (f"the runner for {runner.name} stopped mid-answer ({runner.exit_text()}); "
+                "the next request starts a new one")
+
+    # -- what needs no model ----------------------------------------------------------------
+
+    async def root(request: HTTPRequest) -> Response:
+        return PlainTextResponse("tallow is running")
+
+    async def version(request: HTTPRequest) -> Response:
+        return JSONResponse({"version": cfg.version})
+
+    async def tags(request: HTTPRequest) -> Response:
+        return JSONResponse({"models": await run_in_threadpool(catalog.tags)})
+
+    async def show(request: HTTPRequest) -> Response:
+        body = parse_json(await body_of(request))
+        return JSONResponse(await run_in_threadpool(catalog.show, body.get("model") or body.get("name")))
+
+    async def ps(request: HTTPRequest) -> Response:
+        return JSONResponse({"models": [ps_entry(r) for r in pool.loaded()]})
+
+    def ps_entry(r: Runner) -> dict[str, Any]:
+        memory = r.info.get("memory") or {}
+        vram = int(memory.get("vram", r.need.vram))
+        size = int(memory.get("total", r.need.ram + r.need.vram))
+        local = catalog.find(r.name)
+        expires = None if r.expires_wall is None else dt.datetime.fromtimestamp(r.expires_wall, dt.timezone.utc).isoformat()
+        return {"name": r.name, "model": r.name, "size": size, "digest": local.sha256 or "",
+                "details": catalog.details(local), "expires_at": expires, "size_vram": vram,
+                "context_length": r.info.get("capacity"), "parallel": r.info.get("parallel"), "pid": r.pid,
+                "busy": r.inflight}
+
+    async def delete(request: HTTPRequest) -> Response:
+        body = parse_json(await body_of(request))
+        local = catalog.find(body.get("model") or body.get("name"))
+        await run_in_threadpool(pool.unload, local.name)
+        await run_in_threadpool(catalog.delete, local.name)
+        return Response(status_code=200)
+
+    async def copy(request: HTTPRequest) -> Response:
+        body = parse_json(await body_of(request))
+        await run_in_threadpool(catalog.copy, body.get("source"), body.get("destination"))
+        return Response(status_code=200)
+
+    async def pull(request: HTTPRequest) -> Response:
+        body = parse_json(await body_of(request))
+        name = body.get("model") or body.get("name")
+        if body.get("stream", True) is False:
+            await run_in_threadpool(catalog.pull, name, lambda *a: None)
+            return JSONResponse({"status": "success"})
+        return StreamingResponse(_pull_lines(catalog, name), media_type="application/x-ndjson")
+
+    async def embed(request: HTTPRequest) -> Response:
+        raise APIError("embeddings are not available in this version of tallow", 501, code="not_implemented")
+
+    def models_list() -> list[dict[str, Any]]:
+        return [{"id": n, "object": "model", "created": started, "owned_by": "tallow"} for n in catalog.names()]
+
+    async def models(request: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": models_list()})
+
+    async def one_model(request: HTTPRequest) -> Response:
+        name = request.path_params["name"]
+        found = [m for m in models_list() if m["id"] == name]
+        if not found:
+            raise APIError(f"the model '{name}' is not served here", 404, code="model_not_found")
+        return JSONResponse(found[0])
+
+    def history():
+        if cfg.guard.history is None:
+            raise APIError("this server stores no responses (the history log is off)", 400, "store")
+        if not stored:
+            from tallow.runtime.history import History
+
+            stored.append(History(cfg.guard.history))
+        return stored[0]
+
+    async def one_response(request: HTTPRequest) -> Response:
+        rid = request.path_params["rid"]
+        if request.method == "DELETE":
+            if not history().delete_response(rid):
+                raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
+            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+        found = history().stored_response(rid)
+        if found is None:
+            raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
+        return JSONResponse(found[0])
+
+    async def runner_pages(path: str) -> dict[str, bytes]:
+        pages = {}
+        for r in pool.loaded():
+            try:
+                reply = await upstream.request(r.socket, "GET", path, b"", {})
+                pages[r.name] = await reply.body()
+            except upstream.RunnerLost:
+                continue
+        return pages
+
+    async def health(request: HTTPRequest) -> Response:
+        pages = {n: json.loads(p) for n, p in (await runner_pages("/health")).items()}
+        total = {k: sum(p.get(k, 0) for p in pages.values()) for k in ("slots", "slots_busy", "queue_depth")}
+        return JSONResponse({"status": "ok", "model": cfg.default_model, "models": sorted(pages), **total})
+
+    async def metrics(request: HTTPRequest) -> Response:
+        pages = {n: p.decode() for n, p in (await runner_pages("/metrics")).items()}
+        own = gauge("tallow_models_loaded", "Models loaded (runner processes)", len(pool.loaded()))
+        own += gauge("tallow_runner_crashes_total", "Runners that died without being stopped", pool.crashes)
+        return PlainTextResponse(merge_pages(pages) + "\n".join(own) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def api_error(request: HTTPRequest, exc: APIError) -> Response:
+        return error_response(request.url.path, exc)
+
+    async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
+        return error_response(request.url.path, APIError(exc.message, 500, kind="server_error"))
+
+    async def not_found(request: HTTPRequest, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        detail = "no such endpoint" if status == 404 else "method not allowed" if status == 405 else "bad request"
+        return error_response(request.url.path, APIError(detail, status))
+
+    routes = [Route("/", root, methods=["GET", "HEAD"]), Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"]), Route("/api/version", version, methods=["GET"]),
+              Route("/api/tags", tags, methods=["GET"]), Route("/api/show", show, methods=["POST"]),
+              Route("/api/ps", ps, methods=["GET"]), Route("/api/delete", delete, methods=["DELETE"]),
+              Route("/api/copy", copy, methods=["POST"]), Route("/api/pull", pull, methods=["POST"]),
+              Route("/api/embed", embed, methods=["POST"]), Route("/api/embeddings", embed, methods=["POST"])]
+    routes += [Route(p, relay, methods=["POST"]) for p in OLLAMA_ROUTES]
+    for prefix in ("/v1", ""):
+        routes += [Route(prefix + p, relay, methods=["POST"]) for p in MODEL_ROUTES]
+        routes += [Route(f"{prefix}/responses/{{rid}}", one_response, methods=["GET", "DELETE"]),
+                   Route(f"{prefix}/models", models, methods=["GET"]),
+                   Route(f"{prefix}/models/{{name:path}}", one_model, methods=["GET"])]
+    middleware = []
+    if cfg.guard.cors:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cfg.guard.cors),
+                                     allow_methods=["GET", "POST", "DELETE"],
+                                     allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"]))
+    app = Starlette(routes=routes, middleware=middleware,
+                    exception_handlers={APIError: api_error, TallowError: tallow_error, 404: not_found,
+                                        405: not_found})
+    return Guard(app, cfg.guard)
+
+
+def _missing_model():
+    raise APIError("'model' is required: name one of the models this server offers (GET /api/tags)", 400, "model")
+
+
+def _settle(runner: Runner) -> None:
+    """Give a runner whose connection broke a moment to be reaped, so its exit can be named."""
+    try:
+        runner.proc.wait(2)
+    except Exception:  # noqa: BLE001 - still running: the message says so
+        pass
+
+
+def _broken(path: str, message: str) -> bytes:
+    """The last thing a stream says when its runner died, in the route's shape."""
+    err = APIError(message, 500, code="runner_crashed", kind="server_error")
+    if path.startswith("/api/"):
+        return (json.dumps(ollama_api.ollama_error(err)) + "\n").encode()
+    if path.startswith(("/v1/messages", "/messages")):
+        return f"event: error\ndata: {json.dumps(anthropic_api.anthropic_error(err))}\n\n".encode()
+    return f"data: {json.dumps(err.body())}\n\n".encode()
+
+
+async def _pull_lines(catalog: Catalog, name: Any):
+    """Ollama's pull progress: a status line, one line per progress step of each file, success."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    last: dict[str, float] = {}
+
+    def progress(label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last.get(label, 0) < 0.1:
+            return  # at most ten lines a second per file
+        last[label] = now
+        loop.call_soon_threadsafe(events.put_nowait, {"status": f"pulling {label}", "digest": label,
+                                                      "total": total, "completed": done})
+
+    def work() -> None:
+        try:
+            catalog.pull(name, progress)
+            loop.call_soon_threadsafe(events.put_nowait, {"status": "success"})
+        except APIError as exc:
+            loop.call_soon_threadsafe(events.put_nowait, {"error": exc.message})
+
+    yield (json.dumps({"status": "pulling manifest"}) + "\n").encode()
+    task = loop.run_in_executor(None, work)
+    while True:
+        line = await events.get()
+        yield (json.dumps(line) + "\n").encode()
+        if "status" in line and line["status"] == "success" or "error" in line:
+            break
+    await task
