@@ -19,11 +19,12 @@ from tallow.runtime.types import FinalEvent, TokenEvent
 
 from .answer import Answer
 from .fields import APIError, check_fields, flag, joined_text, number, sampling, schema_of, stops, tool_choice, tool_list
-from .openai_api import Limits, Parsed
+from .openai_api import Limits, Parsed, token_logprob
 
-CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"}
+CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
+               "top_logprobs"}
 GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "images",
-                   "options", "keep_alive", "think"}
+                   "options", "keep_alive", "think", "logprobs", "top_logprobs"}
 SAMPLING_OPTIONS = {"temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty",
                     "frequency_penalty"}
 OPTIONS = SAMPLING_OPTIONS | {"num_ctx", "num_predict", "stop", "repeat_last_n", "num_thread", "num_gpu"}
@@ -96,7 +97,12 @@ def _common(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
     stream = body.get("stream", True)  # Ollama streams unless told not to
     if not isinstance(stream, bool):
         raise APIError("'stream' must be true or false", param="stream")
-    return {"stream": stream, "include_usage": False, "logprobs": None, "json_format": json_format,
+    logprobs = None
+    if flag(body, "logprobs"):
+        logprobs = number(body, "top_logprobs", 0, 20, 0, integer=True)
+    elif body.get("top_logprobs") is not None:
+        raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return {"stream": stream, "include_usage": False, "logprobs": logprobs, "json_format": json_format,
             "schema": schema, **_options(body, limits, loaded)}
 
 
@@ -179,11 +185,24 @@ class OllamaAdapter:
     media_type = "application/x-ndjson"
     error_shape = "ollama"
 
-    def __init__(self, parsed: Parsed, model: str, load_ms: float = 0.0) -> None:
-        self.parsed, self.model, self.load_ms = parsed, model, load_ms
+    def __init__(self, parsed: Parsed, model: str, piece, load_ms: float = 0.0) -> None:
+        self.parsed, self.model, self.piece, self.load_ms = parsed, model, piece, load_ms
         self.chat = parsed.extra["ollama"] == "chat"
         self.think = parsed.extra["think"] is not False
         self.answer = Answer(parsed.tools)
+        self.entries: list[dict[str, Any]] = []  # log-probabilities not sent yet
+        self.all_entries: list[dict[str, Any]] = []
+
+    def note(self, ev: TokenEvent) -> None:
+        if self.parsed.logprobs is not None and ev.logprob is not None:
+            entry = token_logprob(ev, self.piece)
+            self.entries.append(entry)
+            self.all_entries.append(entry)
+
+    def _with_logprobs(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if self.entries:
+            obj["logprobs"], self.entries = self.entries, []
+        return obj
 
     def _line(self, obj: dict[str, Any]) -> str:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -209,7 +228,7 @@ class OllamaAdapter:
         out = []
         for d in deltas:
             if d.kind == "content" and d.text:
-                out.append(self._line(self._part(d.text)))
+                out.append(self._line(self._with_logprobs(self._part(d.text))))
             elif d.kind == "reasoning" and d.text and self.think:
                 out.append(self._line(self._part(thinking=d.text)))
         return out  # calls are sent whole at the end
@@ -226,6 +245,7 @@ class OllamaAdapter:
         return []
 
     def tokens(self, ev: TokenEvent) -> list[str]:
+        self.note(ev)
         return self._lines(self.answer.feed(ev))
 
     def closing(self, final: FinalEvent) -> list[str]:
@@ -233,17 +253,16 @@ class OllamaAdapter:
         out = self._lines(deltas)
         if outcome.calls:
             out.append(self._line(self._part(calls=outcome.calls)))
-        return out + [self._line(self._final(self._part(), final, outcome.finish_reason))]
+        return out + [self._line(self._with_logprobs(self._final(self._part(), final, outcome.finish_reason)))]
 
     def failed(self, message: str) -> list[str]:
         return [self._line({"error": message})]
 
-    def note(self, ev: TokenEvent) -> None:
-        pass
-
     def whole(self, final: FinalEvent) -> dict[str, Any]:
         outcome = self.answer.whole(final)
         part = self._part(outcome.content, final.reasoning if self.think else "", outcome.calls)
+        if self.all_entries:
+            part["logprobs"] = self.all_entries
         return self._final(part, final, outcome.finish_reason)
 
 

@@ -279,7 +279,7 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         chat = request.url.path == "/api/chat"
         parsed = (ollama_api.parse_chat if chat else ollama_api.parse_generate)(body, limits, loaded)
         load_ms = float(request.headers.get("x-tallow-load-ms") or 0)  # set by the server that started this runner
-        return await answer(request, parsed, size, ollama_api.OllamaAdapter(parsed, cfg.model, load_ms))
+        return await answer(request, parsed, size, ollama_api.OllamaAdapter(parsed, cfg.model, engine.model.piece, load_ms))
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": started, "owned_by": "tallow"}

@@ -22,10 +22,12 @@ SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "b
 
 
 class Server:
-    def __init__(self, model, home, *args: str) -> None:
-        env = {**os.environ, "TALLOW_HOME": str(home), "TALLOW_NO_LOG": "1"}
+    def __init__(self, model, home, *args: str, env: dict | None = None) -> None:
+        """`tallow serve MODEL` (no MODEL when None: every stored model on demand)."""
+        env = {**os.environ, "TALLOW_HOME": str(home), "TALLOW_NO_LOG": "1", **(env or {})}
         env.pop("TALLOW_API_KEY", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", str(model), "--port", "0", *args],
+        named = [] if model is None else [str(model)]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", *named, "--port", "0", *args],
                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
         self.log: list[str] = []
         line = ""
