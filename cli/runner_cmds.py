@@ -58,7 +58,7 @@ def runner(
                                              default_max_tokens=c.get("default_max_tokens"), seed=c.get("seed"),
                                              aliases=tuple(c.get("aliases", ())), fingerprint=fingerprint,
                                              tool_format=c.get("tool_format"), history=c.get("history"),
-                                             fault_after_tokens=crash))
+                                             fault_after_tokens=crash[0] if crash else None))
         if socket_path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(socket_path)
@@ -70,6 +70,8 @@ def runner(
                  "parallel": len(sched.slots), "unified": sched.unified, "load_ms": round(engine.load_ms, 3), "threads": engine.n_threads,
                  "gpu_layers": engine.gpu_layers, "memory": engine.estimate.to_dict() if engine.estimate else {},
                  "address": socket_path or f"http://127.0.0.1:{sock.getsockname()[1]}"}
+        if crash:
+            crash[1].touch()  # armed once: the runner started after the crash lives
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
         if socket_path is not None:

@@ -41,8 +41,9 @@ REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN,
 # hang ("crash", "hang"), or probe where no type needs it ("probe"); and its time limit.
 TEST_PROBE = "TALLOW_TEST_PROBE"
 TEST_PROBE_TIMEOUT = "TALLOW_TEST_PROBE_TIMEOUT"
-# ... and make the runner of one model die by SIGSEGV at its Nth token ("MODEL:N"), for the
-# crash-containment tests (docs/DESIGN.md, "Runners").
+# ... and make the runner of one model die by SIGSEGV at its Nth token ("MODEL:N:MARKER"; only
+# while the file MARKER does not exist, which the crash creates: the next runner lives), for
+# the crash-containment tests (docs/DESIGN.md, "Runners").
 TEST_RUNNER_CRASH = "TALLOW_TEST_RUNNER_CRASH"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -120,10 +121,11 @@ def test_probe() -> tuple[str | None, float | None]:
     return hook, float(timeout) if timeout else None
 
 
-def test_runner_crash(model: str) -> int | None:
-    hook = os.environ.get(TEST_RUNNER_CRASH, "")
-    name, _, count = hook.rpartition(":")
-    return int(count) if name == model and count.isdigit() else None
+def test_runner_crash(model: str) -> tuple[int, Path] | None:
+    parts = os.environ.get(TEST_RUNNER_CRASH, "").rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != model or not parts[1].isdigit() or Path(parts[2]).exists():
+        return None
+    return int(parts[1]), Path(parts[2])
 
 
 def server_address(given: str | None = None) -> str:
