@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -31,15 +30,14 @@ from starlette.routing import Route
 
 from tallow.common.errors import TallowError
 
-from . import anthropic_api, ollama_api, upstream
+from . import upstream
 from .catalog import Catalog
 from .fields import APIError, parse_json
 from .metrics import gauge, merge_pages
-from .runners import Pool, Runner, parse_keep_alive
+from .relay import OLLAMA_ROUTES, Relay
+from .runners import Pool, Runner
 from .server import Guard, ServerConfig, error_response
 
-OLLAMA_ROUTES = ("/api/chat", "/api/generate")
-PASSED_HEADERS = ("retry-after",)  # from a runner's whole answer to the client
 MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
 
 
@@ -63,83 +61,6 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
                 raise APIError(f"the request body is larger than {max_body} bytes", 413, code="request_too_large")
             chunks.append(chunk)
         return b"".join(chunks)
-
-    def keep_alive_of(body: dict) -> Any:
-        if "keep_alive" not in body or body["keep_alive"] is None:
-            return "default"
-        try:
-            return parse_keep_alive(body["keep_alive"])
-        except ValueError as exc:
-            raise APIError(str(exc), 400, "keep_alive") from exc
-
-    async def relay(request: HTTPRequest) -> Response:
-        path = request.url.path
-        raw = await body_of(request)
-        body = parse_json(raw)
-        local = catalog.find(body.get("model") or cfg.default_model or _missing_model())
-        keep = keep_alive_of(body) if path in OLLAMA_ROUTES else "default"
-        if path in OLLAMA_ROUTES and not (body.get("messages") if path == "/api/chat" else body.get("prompt")):
-            return await load_or_unload(local.name, path == "/api/chat", keep)
-        if body.get("model") != local.name:
-            body["model"] = local.name
-            raw = json.dumps(body).encode()
-        runner, load_ms = await run_in_threadpool(pool.acquire, local.name)
-        headers = {"Content-Type": "application/json"}
-        if load_ms:
-            headers["X-Tallow-Load-Ms"] = f"{load_ms:.3f}"
-        streaming = False
-        try:
-            reply = await _reply(request, runner, path, raw, headers)
-            if reply is None:
-                return Response(status_code=499)
-            if reply.streamed:
-                streaming = True
-                return StreamingResponse(_passed(reply, runner, path), status_code=reply.status,
-                                         media_type=reply.content_type,
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                         background=BackgroundTask(pool.release, runner, keep))
-            kept = {k: v for k, v in reply.headers.items() if k in PASSED_HEADERS}
-            return Response(await reply.body(), reply.status, media_type=reply.content_type, headers=kept)
-        except upstream.RunnerLost:
-            raise APIError(await _lost(runner), 500, code="runner_crashed", kind="server_error")
-        finally:
-            if not streaming:
-                pool.release(runner, keep)
-
-    async def load_or_unload(name: str, chat: bool, keep) -> Response:
-        """Ollama's idiom: a generate or chat with no prompt loads the model, or with
-        keep_alive 0 unloads it."""
-        if keep == 0:
-            await run_in_threadpool(pool.unload, name)
-            return JSONResponse(ollama_api.empty_answer(name, chat, "unload"))
-        runner, _ = await run_in_threadpool(pool.acquire, name)
-        pool.release(runner, keep)
-        return JSONResponse(ollama_api.empty_answer(name, chat, "load"))
-
-    async def _reply(request: HTTPRequest, runner: Runner, path: str, raw: bytes, headers: dict):
-        """The runner's reply (status and headers); None if the client left while it worked."""
-        task = asyncio.ensure_future(upstream.request(runner.socket, "POST", path, raw, headers))
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                return None
-
-    async def _passed(reply: upstream.Reply, runner: Runner, path: str):
-        try:
-            async for chunk in reply.chunks():
-                yield chunk
-        except upstream.RunnerLost:
-            yield _broken(path, await _lost(runner))
-        finally:
-            reply.close()  # a client that left closes the runner's connection: it frees the slot
-
-    async def _lost(runner: Runner) -> str:
-        await run_in_threadpool(_settle, runner)
-        return (f"the runner for {runner.name} stopped mid-answer ({runner.exit_text()}); "
-                "the next request starts a new one")
 
     # -- what needs no model ----------------------------------------------------------------
 
@@ -264,6 +185,7 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
               Route("/api/ps", ps, methods=["GET"]), Route("/api/delete", delete, methods=["DELETE"]),
               Route("/api/copy", copy, methods=["POST"]), Route("/api/pull", pull, methods=["POST"]),
               Route("/api/embed", embed, methods=["POST"]), Route("/api/embeddings", embed, methods=["POST"])]
+    relay = Relay(pool, catalog, cfg.default_model, max_body)
     routes += [Route(p, relay, methods=["POST"]) for p in OLLAMA_ROUTES]
     for prefix in ("/v1", ""):
         routes += [Route(prefix + p, relay, methods=["POST"]) for p in MODEL_ROUTES]
@@ -279,28 +201,6 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
                     exception_handlers={APIError: api_error, TallowError: tallow_error, 404: not_found,
                                         405: not_found})
     return Guard(app, cfg.guard)
-
-
-def _missing_model():
-    raise APIError("'model' is required: name one of the models this server offers (GET /api/tags)", 400, "model")
-
-
-def _settle(runner: Runner) -> None:
-    """Give a runner whose connection broke a moment to be reaped, so its exit can be named."""
-    try:
-        runner.proc.wait(2)
-    except Exception:  # noqa: BLE001 - still running: the message says so
-        pass
-
-
-def _broken(path: str, message: str) -> bytes:
-    """The last thing a stream says when its runner died, in the route's shape."""
-    err = APIError(message, 500, code="runner_crashed", kind="server_error")
-    if path.startswith("/api/"):
-        return (json.dumps(ollama_api.ollama_error(err)) + "\n").encode()
-    if path.startswith(("/v1/messages", "/messages")):
-        return f"event: error\ndata: {json.dumps(anthropic_api.anthropic_error(err))}\n\n".encode()
-    return f"data: {json.dumps(err.body())}\n\n".encode()
 
 
 async def _pull_lines(catalog: Catalog, name: Any):

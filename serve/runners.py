@@ -154,6 +154,15 @@ class Pool:
                                kind="server_error")
             # it died or was stopped while we waited: the next turn starts a new one
 
+    def try_acquire(self, name: str) -> Runner | None:
+        """`acquire` without blocking: the model's runner if it is ready now, else None."""
+        with self.lock:
+            runner = self.runners.get(name)
+            if runner is None or runner.state != "ready":
+                return None
+            runner.inflight += 1
+            return runner
+
     def release(self, runner: Runner, keep_alive: float | None | str = "default") -> None:
         keep = self.settings.keep_alive if keep_alive == "default" else keep_alive
         with self.lock:

@@ -1,0 +1,148 @@
+"""What the runner process costs: tallow serve (the HTTP front relaying to a runner process
+over its Unix socket) against the same model served in one process (the runner itself on a
+loopback port: the single-model app over the scheduler, as serve was before runners), same
+model, same settings, one run, the two alternating.
+
+    python tests/benchmarks/runner.py [--model PATH] [--reps 4] [--tokens 256]
+
+Measured on the client, from the stream:
+- one streamed request (a ~400-token prompt no cache holds): TTFT and decode tok/s;
+- the same with the prompt cached, where TTFT is mostly the per-request overhead (reported);
+- 8 concurrent streams: the aggregate tok/s over the wall time;
+- the first request to a model not loaded (its runner starts) against one resident.
+
+Targets: one stream's decode tok/s and TTFT (as speed, 1/TTFT) >= 0.97x in-process; the
+aggregate at 8 streams >= 0.95x. Exits 1 when one is missed. Medians of --reps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.llamaserver import free_port, wait_ready  # noqa: E402
+from benchmarks.overhead import default_model  # noqa: E402
+
+SINGLE, AGGREGATE = 0.97, 0.95
+SINGLES = 5  # one-stream requests per server start (their median)
+PROMPT = "Summarise this report. " + " ".join(f"Station {i} measured {i * 7 % 13} mm of rain." for i in range(45))
+
+
+def start(kind: str, model: Path, port: int, env: dict) -> subprocess.Popen:
+    conf = {"parallel": 8, "ctx": 8 * 2048, "max_tokens": 4096}
+    if kind == "in-process":
+        argv = ["runner", str(model), "--port", str(port), "--config", json.dumps(conf)]
+    else:
+        argv = ["serve", str(model), "--port", str(port), "--parallel", "8", "--ctx", str(8 * 2048)]
+    proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", *argv], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_ready(f"http://127.0.0.1:{port}", proc, kind)
+    return proc
+
+
+def stream(url: str, model: str, tokens: int, salt: str = "") -> tuple[float, float, int, float]:
+    """(TTFT s, decode tok/s, tokens, end time) of one streamed completion; a salt in front
+    makes a prompt no cache holds."""
+    body = {"model": model, "messages": [{"role": "user", "content": salt + PROMPT}], "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    times = []
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            if raw.startswith(b"data: {"):
+                choices = json.loads(raw[6:]).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
+                    times.append(time.perf_counter())
+    ttft = times[0] - started
+    tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return ttft, tps, len(times), times[-1]
+
+
+def measure(url: str, model: str, tokens: int, rep: int) -> dict[str, float]:
+    stream(url, model, 8)  # warm: the prompt cache holds the prompt for the other runs alike
+    singles = [stream(url, model, tokens, f"Run {rep}.{i}. ") for i in range(SINGLES)]
+    cached = [stream(url, model, 2)[0] for _ in range(SINGLES)]
+    began = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda _: stream(url, model, tokens), range(8)))
+    wall = max(r[3] for r in runs) - began
+    return {"ttft": statistics.median(r[0] for r in singles), "tps": statistics.median(r[1] for r in singles),
+            "cached_ttft": statistics.median(cached), "aggregate": sum(r[2] for r in runs) / wall}
+
+
+def cold_vs_resident(url: str, model: str) -> tuple[float, float]:
+    def generate(keep_alive=None) -> float:
+        body = {"model": model, "prompt": "hi", "options": {"num_predict": 1}, "stream": False}
+        if keep_alive is not None:
+            body = {"model": model, "keep_alive": keep_alive}
+        started = time.perf_counter()
+        urllib.request.urlopen(urllib.request.Request(url + "/api/generate", data=json.dumps(body).encode()),
+                               timeout=600).read()
+        return time.perf_counter() - started
+
+    resident = min(generate() for _ in range(3))
+    generate(keep_alive=0)
+    return generate(), resident
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=256)
+    args = ap.parse_args()
+    model = args.model or default_model()
+    env = {**os.environ, "TALLOW_NO_LOG": "1"}
+    results: dict[str, list[dict[str, float]]] = {"in-process": [], "runner": []}
+    cold = None
+    for rep in range(args.reps):
+        for kind in (("in-process", "runner") if rep % 2 == 0 else ("runner", "in-process")):
+            port = free_port()
+            proc = start(kind, model, port, env)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                results[kind].append(measure(url, model.name, args.tokens, rep))
+                if kind == "runner" and cold is None:
+                    cold = cold_vs_resident(url, model.name)
+            finally:
+                proc.terminate()
+                proc.wait(60)
+    med = {k: {m: statistics.median(r[m] for r in runs) for m in ("ttft", "tps", "aggregate", "cached_ttft")}
+           for k, runs in results.items()}
+    a, b = med["in-process"], med["runner"]
+    ratios = {"decode tok/s, one stream": b["tps"] / a["tps"], "TTFT (as speed), one stream": a["ttft"] / b["ttft"],
+              "aggregate tok/s, 8 streams": b["aggregate"] / a["aggregate"]}
+    print(f"model {model.name}, {args.tokens} tokens per stream, median of {args.reps}")
+    print(f"{'':<30}{'in-process':>12}{'runner':>12}{'ratio':>8}")
+    print(f"{'TTFT ms, one stream':<30}{a['ttft'] * 1000:>12.1f}{b['ttft'] * 1000:>12.1f}"
+          f"{ratios['TTFT (as speed), one stream']:>8.3f}")
+    print(f"{'decode tok/s, one stream':<30}{a['tps']:>12.1f}{b['tps']:>12.1f}{ratios['decode tok/s, one stream']:>8.3f}")
+    print(f"{'aggregate tok/s, 8 streams':<30}{a['aggregate']:>12.1f}{b['aggregate']:>12.1f}"
+          f"{ratios['aggregate tok/s, 8 streams']:>8.3f}")
+    print(f"TTFT with the whole prompt cached: {a['cached_ttft'] * 1000:.1f} ms in-process, "
+          f"{b['cached_ttft'] * 1000:.1f} ms through the runner: the hop costs "
+          f"{(b['cached_ttft'] - a['cached_ttft']) * 1000:.1f} ms a request (reported, no target)")
+    if cold:
+        print(f"first request, model not loaded: {cold[0] * 1000:.0f} ms; resident: {cold[1] * 1000:.0f} ms "
+              f"({cold[0] / cold[1]:.1f}x: the runner's start and load)")
+    missed = [k for k, v in ratios.items() if v < (AGGREGATE if k.startswith("aggregate") else SINGLE)]
+    for k in missed:
+        print(f"MISSED: {k} {ratios[k]:.3f} < {AGGREGATE if k.startswith('aggregate') else SINGLE}")
+    print("PASS" if not missed else "FAIL")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
