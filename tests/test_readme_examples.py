@@ -63,7 +63,7 @@ class Newcomer:
         """Run a command as typed at a terminal; what the screen showed, neutral paths."""
         term = self.shell(command)
         if re.search(r"\btallow serve\b", command):  # it keeps running while the block goes on
-            seen = term.read_until(r"serving .* on http://\S+ .*\n", timeout=300)
+            seen = term.read_until(r"serving .* on http://\S+.*\n", timeout=300)
             self.server = term
         else:
             inputs = [line[4:] for line in expected if line.startswith(">>> ")]
