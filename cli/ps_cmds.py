@@ -111,7 +111,9 @@ def stop(
     host: Optional[str] = HostOption,
     offline: o.Offline = False,
 ) -> None:
-    """Unload a model from a running tallow serve (its requests in flight finish first).
+    """Unload a model from a running tallow serve.
+
+    Its requests in flight finish first.
 
     Example: tallow stop smollm2:135m
     """

@@ -24,6 +24,8 @@ def commands() -> list[list[str]]:
 
     def walk(cmd, path):
         for name, sub in getattr(cmd, "commands", {}).items():
+            if getattr(sub, "hidden", False):  # started by tallow itself (the runner)
+                continue
             out.append(path + [name])
             walk(sub, path + [name])
 

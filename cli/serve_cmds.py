@@ -49,7 +49,7 @@ def serve(
     model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N' (repeatable).", show_default=False),
     offline: o.Offline = False,
 ) -> None:
-    """Serve models over HTTP with OpenAI's, Anthropic's and Ollama's APIs.
+    """Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.
 
     Each loaded model runs in a runner process of its own; a request that names a stored
     model loads it. POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
