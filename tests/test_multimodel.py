@@ -79,12 +79,14 @@ def test_two_models_answer_interleaved_requests(files, tmp_path):
 
 
 def test_least_recently_used_model_unloads_at_max_models(home):
-    s = Server(None, home, "--max-models", "2", "--parallel", "1")
+    s = Server(None, home, "--max-models", "2", "--parallel", "1", "--model-option", "c:tiny parallel=3 ctx=3072")
     try:
         assert "on demand" in s.log[-1] and loaded(s) == {}
         for m in ("a:tiny", "b:tiny", "c:tiny"):
             ask(s, m, 2)
         assert set(loaded(s)) == {"b:tiny", "c:tiny"}
+        assert (loaded(s)["c:tiny"]["parallel"], loaded(s)["c:tiny"]["context_length"]) == (3, 1024)
+        assert loaded(s)["b:tiny"]["parallel"] == 1
         ask(s, "b:tiny", 2)
         ask(s, "a:tiny", 2)  # c was used longest ago
         assert set(loaded(s)) == {"a:tiny", "b:tiny"}
@@ -124,11 +126,11 @@ def test_memory_budget_unloads_idle_and_refuses_with_figures(home):
 
 
 def test_keep_alive_expiry_and_forever(home):
-    s = Server(None, home, "--keep-alive", "2s")
+    s = Server(None, home, env={"TALLOW_KEEP_ALIVE": "2s"})
     try:
         c = ollama.Client(host=s.url, timeout=120)
         c.generate("b:tiny", "hi", options={"num_predict": 1}, keep_alive=-1)
-        c.generate("a:tiny", "hi", options={"num_predict": 1})  # the server default: 2 s
+        c.generate("a:tiny", "hi", options={"num_predict": 1})  # the server default (TALLOW_KEEP_ALIVE): 2 s
         assert set(loaded(s)) == {"a:tiny", "b:tiny"} and loaded(s)["b:tiny"]["expires_at"] is None
         assert loaded(s)["a:tiny"]["expires_at"] is not None
         wait_for(lambda: set(loaded(s)) == {"b:tiny"}, "a outlived its keep_alive", 30)

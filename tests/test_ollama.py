@@ -171,3 +171,24 @@ def test_tool_calls_through_ollama(tmp_path):
         assert client(s).chat("agent.gguf", follow, tools=[tool], options={"num_predict": 3}).done
     finally:
         s.close()
+
+
+def test_think_splits_the_reasoning(tmp_path):
+    from test_chat import THINK_SCRIPT, THINK_TEMPLATE
+
+    path = write_synthetic_gguf(tmp_path / "think.gguf", script=THINK_SCRIPT, template=THINK_TEMPLATE)
+    s = Server(path, tmp_path / "home")
+    try:
+        c = client(s)
+        r = c.chat("think.gguf", [{"role": "user", "content": "hi"}], think=True, options={"temperature": 0})
+        assert r.message.thinking == "hm" and r.message.content == "OK"
+        parts = list(c.chat("think.gguf", [{"role": "user", "content": "hi"}], think=True, stream=True,
+                            options={"temperature": 0}))
+        assert "".join(p.message.thinking or "" for p in parts) == "hm"
+        assert "".join(p.message.content for p in parts) == "OK"
+        quiet = c.generate("think.gguf", "hi", think=False, options={"temperature": 0})
+        assert quiet.thinking is None and quiet.response == "OK"
+        status, _, data = s.raw("/api/embed", json.dumps({"model": "think.gguf", "input": "hi"}).encode())
+        assert status == 501 and "embeddings" in data["error"]
+    finally:
+        s.close()
