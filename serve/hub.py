@@ -22,8 +22,6 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -36,7 +34,7 @@ from .fields import APIError, parse_json
 from .metrics import gauge, merge_pages
 from .relay import OLLAMA_ROUTES, Relay
 from .runners import Pool, Runner
-from .server import Guard, ServerConfig, error_response
+from .server import HANDLERS, Guard, ResponseStore, ServerConfig, cors, error_response
 
 MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
 
@@ -50,7 +48,7 @@ class HubConfig:
 
 def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
     started = int(time.time())
-    stored: list = []
+    stored = ResponseStore(cfg.guard.history)
     max_body = cfg.guard.max_body
 
     async def body_of(request: HTTPRequest) -> bytes:
@@ -127,26 +125,6 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
             raise APIError(f"the model '{name}' is not served here", 404, code="model_not_found")
         return JSONResponse(found[0])
 
-    def history():
-        if cfg.guard.history is None:
-            raise APIError("this server stores no responses (the history log is off)", 400, "store")
-        if not stored:
-            from tallow.runtime.history import History
-
-            stored.append(History(cfg.guard.history))
-        return stored[0]
-
-    async def one_response(request: HTTPRequest) -> Response:
-        rid = request.path_params["rid"]
-        if request.method == "DELETE":
-            if not history().delete_response(rid):
-                raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
-            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
-        found = history().stored_response(rid)
-        if found is None:
-            raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
-        return JSONResponse(found[0])
-
     async def runner_pages(path: str) -> dict[str, bytes]:
         pages = {}
         for r in pool.loaded():
@@ -168,16 +146,8 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
         own += gauge("tallow_runner_crashes_total", "Runners that died without being stopped", pool.crashes)
         return PlainTextResponse(merge_pages(pages) + "\n".join(own) + "\n", media_type="text/plain; version=0.0.4")
 
-    async def api_error(request: HTTPRequest, exc: APIError) -> Response:
-        return error_response(request.url.path, exc)
-
     async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
         return error_response(request.url.path, APIError(exc.message, 500, kind="server_error"))
-
-    async def not_found(request: HTTPRequest, exc) -> Response:
-        status = getattr(exc, "status_code", 404)
-        detail = "no such endpoint" if status == 404 else "method not allowed" if status == 405 else "bad request"
-        return error_response(request.url.path, APIError(detail, status))
 
     routes = [Route("/", root, methods=["GET", "HEAD"]), Route("/health", health, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"]), Route("/api/version", version, methods=["GET"]),
@@ -189,17 +159,10 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
     routes += [Route(p, relay, methods=["POST"]) for p in OLLAMA_ROUTES]
     for prefix in ("/v1", ""):
         routes += [Route(prefix + p, relay, methods=["POST"]) for p in MODEL_ROUTES]
-        routes += [Route(f"{prefix}/responses/{{rid}}", one_response, methods=["GET", "DELETE"]),
+        routes += [Route(f"{prefix}/responses/{{rid}}", stored.route, methods=["GET", "DELETE"]),
                    Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/models/{{name:path}}", one_model, methods=["GET"])]
-    middleware = []
-    if cfg.guard.cors:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cfg.guard.cors),
-                                     allow_methods=["GET", "POST", "DELETE"],
-                                     allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"]))
-    app = Starlette(routes=routes, middleware=middleware,
-                    exception_handlers={APIError: api_error, TallowError: tallow_error, 404: not_found,
-                                        405: not_found})
+    app = Starlette(routes=routes, middleware=cors(cfg.guard), exception_handlers={**HANDLERS, TallowError: tallow_error})
     return Guard(app, cfg.guard)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -122,6 +121,59 @@ async def _error(scope, receive, send, err: APIError) -> None:
     await error_response(scope["path"], err)(scope, receive, send)
 
 
+async def api_error(request: HTTPRequest, exc: APIError) -> Response:
+    return error_response(request.url.path, exc)
+
+
+async def not_found(request: HTTPRequest, exc) -> Response:
+    status = getattr(exc, "status_code", 404)
+    detail = "no such endpoint" if status == 404 else "method not allowed" if status == 405 else "bad request"
+    return error_response(request.url.path, APIError(detail, status))
+
+
+HANDLERS = {APIError: api_error, 404: not_found, 405: not_found}  # both apps' (the front's and a runner's)
+
+
+def cors(cfg: ServerConfig) -> list[Middleware]:
+    """CORS headers, only for the origins named with --cors."""
+    if not cfg.cors:
+        return []
+    return [Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST", "DELETE"],
+                       allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])]
+
+
+class ResponseStore:
+    """Stored Responses in the history database (a path, ":memory:", or None: not stored),
+    opened on first use, on the event loop's thread."""
+
+    def __init__(self, where) -> None:
+        self.where, self.db = where, None
+
+    def history(self):
+        if self.where is None:
+            raise APIError("this server stores no responses (the history log is off)", 400, "store")
+        if self.db is None:
+            from tallow.runtime.history import History
+
+            self.db = History(self.where)
+        return self.db
+
+    def get(self, rid: Any, param: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        found = self.history().stored_response(rid) if isinstance(rid, str) else None
+        if found is None:
+            raise APIError(f"no stored response with the id {rid!r}", 404, param, "response_not_found")
+        return found
+
+    async def route(self, request: HTTPRequest) -> Response:
+        """GET and DELETE /v1/responses/{rid}."""
+        rid = request.path_params["rid"]
+        if request.method == "DELETE":
+            if not self.history().delete_response(rid):
+                raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
+            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+        return JSONResponse(self.get(rid)[0])
+
+
 INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
 
 
@@ -160,16 +212,7 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     fault = _fault(cfg.fault_after_tokens) if cfg.fault_after_tokens else None
     started = int(time.time())
     relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
-    store: list = []  # the History of stored responses, opened on the event loop's thread
-
-    def history():
-        if cfg.history is None:
-            raise APIError("this server stores no responses (the history log is off)", 400, "store")
-        if not store:
-            from tallow.runtime.history import History
-
-            store.append(History(cfg.history))
-        return store[0]
+    store = ResponseStore(cfg.history)
 
     async def body_of(request: HTTPRequest) -> tuple[dict[str, Any], int]:
         chunks, size = [], 0
@@ -236,32 +279,18 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         parsed = parse_completion(body, limits)
         return await answer(request, parsed, size, ChatAdapter(parsed, cfg.model, engine.model.piece, cfg.fingerprint))
 
-    def stored(rid: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        found = history().stored_response(rid) if isinstance(rid, str) else None
-        if found is None:
-            raise APIError(f"no stored response with the id {rid!r}", 404, "previous_response_id", "response_not_found")
-        return found
-
     async def responses(request: HTTPRequest) -> Response:
         body, size = await body_of(request)
         prev = body.get("previous_response_id")
-        previous = stored(prev)[1] if prev is not None else None
+        previous = store.get(prev, "previous_response_id")[1] if prev is not None else None
         parsed = responses_api.parse(body, limits, previous)
         adapter = ResponsesAdapter(parsed, cfg.model)
 
         def keep(a: ResponsesAdapter) -> None:
             if parsed.extra["store"] and cfg.history is not None and a.result is not None:
-                history().store_response(a.result["id"], cfg.model, a.result, a.conversation())
+                store.history().store_response(a.result["id"], cfg.model, a.result, a.conversation())
 
         return await answer(request, parsed, size, adapter, keep)
-
-    async def one_response(request: HTTPRequest) -> Response:
-        rid = request.path_params["rid"]
-        if request.method == "DELETE":
-            if not history().delete_response(rid):
-                raise APIError(f"no stored response with the id {rid!r}", 404, code="response_not_found")
-            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
-        return JSONResponse(stored(rid)[0])
 
     async def messages(request: HTTPRequest) -> Response:
         body, size = await body_of(request)
@@ -300,9 +329,6 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     async def metrics(request: HTTPRequest) -> Response:
         return PlainTextResponse(scheduler_metrics(sched), media_type="text/plain; version=0.0.4")
 
-    async def api_error(request: HTTPRequest, exc: APIError) -> Response:
-        return error_response(request.url.path, exc)
-
     async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
         if isinstance(exc, QueueFull):
             err = APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error")
@@ -310,15 +336,6 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
         return error_response(request.url.path, APIError(exc.message, 400, code=code))
 
-    async def not_found(request: HTTPRequest, exc) -> Response:
-        status = getattr(exc, "status_code", 404)
-        detail = "no such endpoint" if status == 404 else "method not allowed" if status == 405 else "bad request"
-        return error_response(request.url.path, APIError(detail, status))
-
-    middleware = []
-    if cfg.cors:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST", "DELETE"],
-                                     allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"]))
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
               Route("/api/chat", ollama, methods=["POST"]), Route("/api/generate", ollama, methods=["POST"])]
     for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
@@ -326,15 +343,13 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
             Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
             Route(f"{prefix}/completions", completions, methods=["POST"]),
             Route(f"{prefix}/responses", responses, methods=["POST"]),
-            Route(f"{prefix}/responses/{{rid}}", one_response, methods=["GET", "DELETE"]),
+            Route(f"{prefix}/responses/{{rid}}", store.route, methods=["GET", "DELETE"]),
             Route(f"{prefix}/messages", messages, methods=["POST"]),
             Route(f"{prefix}/messages/count_tokens", count_tokens, methods=["POST"]),
             Route(f"{prefix}/models", models, methods=["GET"]),
             Route(f"{prefix}/models/{{name:path}}", one_model, methods=["GET"]),
         ]
-    app = Starlette(routes=routes, middleware=middleware,
-                    exception_handlers={APIError: api_error, TallowError: tallow_error, 404: not_found,
-                                        405: not_found})
+    app = Starlette(routes=routes, middleware=cors(cfg), exception_handlers={**HANDLERS, TallowError: tallow_error})
     return Guard(app, cfg)
 
 
