@@ -99,7 +99,7 @@ def test_ctrl_c_stops_serve_with_130_idle_and_mid_answer(synth_model, tmp_path):
     for busy in (False, True):
         proc = _start(tmp_path, ["serve", str(synth_model), "--port", "0", "--parallel", "1"])
         line = proc.stderr.readline().decode()
-        port = int(re.search(r":(\d+) \(", line).group(1))
+        port = int(re.search(r"http://\S+:(\d+)", line).group(1))
         if busy:  # a long answer streaming when Ctrl-C comes
             body = json.dumps({"prompt": "once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
