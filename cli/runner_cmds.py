@@ -38,9 +38,13 @@ def runner(
 
     if (socket_path is None) == (port is None):
         raise typer.BadParameter("give --socket or --port", param_hint="--socket")
+    from dataclasses import replace
+
     c = json.loads(config)
     load = o.with_draft(o.load_settings(c.get("ctx"), c.get("threads"), c.get("gpu_layers", "auto"),
                                         c.get("flash_attn", "auto")), c.get("draft"))
+    if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
+        load = replace(load, related_pids=(os.getppid(),))
     sched_settings = SchedulerSettings(parallel=c.get("parallel", 4), deterministic=c.get("deterministic", False),
                                        kv_unified=c.get("kv_unified", False), max_queue=c.get("max_queue", 64),
                                        max_tokens_cap=c.get("max_tokens", 4096), time_limit_s=c.get("timeout"),

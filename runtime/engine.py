@@ -50,7 +50,8 @@ class Engine:
         else:
             n_ctx, layers = None, gpu_layer_count(settings.gpu_layers, offload)
         pinned = settings.n_threads or (None if settings.adapt_threads else physical_cores())
-        self.governor = Governor(physical_cores(), pinned, Registry(settings.registry) if settings.registry else None)
+        self.governor = Governor(physical_cores(), pinned, Registry(settings.registry) if settings.registry else None,
+                                 related=settings.related_pids)
         self.gpu_layers = layers  # -1: all of them
         self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers)
         try:

@@ -8,7 +8,8 @@ each decode at a quarter of the speed of one alone (docs/DESIGN.md, "Threads"). 
 - while decoding, every INTERVAL_S it measures again what the rest of the machine used
   (system CPU time less its own) and moves to the cores left, when two measurements in a
   row agree; llama.cpp takes a new thread count between decode calls.
-A pinned count (--threads) is never changed.
+A pinned count (--threads) is never changed. A runner counts the CPU time of the server
+that started it as its own (`related`): that server spends it relaying this engine's tokens.
 """
 
 from __future__ import annotations
@@ -27,15 +28,22 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def _busy() -> tuple[float, float]:
-    """(CPU seconds used by the whole machine, by this process) so far."""
+def _busy(related: tuple[int, ...] = ()) -> tuple[float, float]:
+    """(CPU seconds used by the whole machine, by this process and `related` ones) so far."""
     import psutil
 
     t = psutil.cpu_times()
     idle = t.idle + getattr(t, "iowait", 0.0)
     total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # guest time is already in user
     own = os.times()
-    return total - idle, own.user + own.system
+    mine = own.user + own.system
+    for pid in related:
+        try:
+            times = psutil.Process(pid).cpu_times()
+            mine += times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total - idle, mine
 
 
 class Registry:
@@ -82,22 +90,24 @@ class Registry:
 class Governor:
     """Chooses the thread count at start and adapts it while decoding."""
 
-    def __init__(self, cores: int, pinned: int | None, registry: Registry | None = None) -> None:
+    def __init__(self, cores: int, pinned: int | None, registry: Registry | None = None,
+                 related: tuple[int, ...] = ()) -> None:
         self.cores = max(1, cores)
         self.pinned = pinned
         self.registry = registry
+        self.related = related  # a runner's server: relaying this engine's tokens is not "the rest of the machine"
         self.threads = pinned or self.cores
-        self._mark = (time.perf_counter(), *_busy())
+        self._mark = (time.perf_counter(), *_busy(related))
         self._proposal: int | None = None
         self.changes = 0
 
     def _others(self) -> float | None:
         """Cores the rest of the machine kept busy since the last mark (None: too short to tell)."""
-        now, busy, own = time.perf_counter(), *_busy()
+        now, busy, own = time.perf_counter(), *_busy(self.related)
         wall = now - self._mark[0]
         if wall < 0.05:
             return None
-        others = (busy - self._mark[1] - (own - self._mark[2])) / wall
+        others = (busy - self._mark[1] - max(0.0, own - self._mark[2])) / wall
         self._mark = (now, busy, own)
         return max(0.0, others)
 

@@ -28,6 +28,7 @@ class LoadSettings:
     machine: object = None  # runtime.machine.Profile: repack verdict and flash-attention timings
     workload: object = None  # runtime.machine.Workload for flash_attn "auto" (None: fill the context)
     registry: object = None  # folder of the running engines' thread claims (runtime/threads.py)
+    related_pids: tuple[int, ...] = ()  # processes whose CPU time is this engine's own work (a runner's server)
     adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
 
 

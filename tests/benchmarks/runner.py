@@ -3,12 +3,13 @@ over its Unix socket) against the same model served in one process (the runner i
 loopback port: the single-model app over the scheduler, as serve was before runners), same
 model, same settings, one run, the two alternating.
 
-    python tests/benchmarks/runner.py [--model PATH] [--reps 4] [--tokens 256]
+    python tests/benchmarks/runner.py [--model PATH] [--reps 6] [--tokens 256]
 
 Measured on the client, from the stream:
 - one streamed request (a ~400-token prompt no cache holds): TTFT and decode tok/s;
 - the same with the prompt cached, where TTFT is mostly the per-request overhead (reported);
 - 8 concurrent streams: the aggregate tok/s while all 8 decode;
+- the CPU time the front spends per relayed token;
 - the first request to a model not loaded (its runner starts) against one resident.
 
 Targets: one stream's decode tok/s and TTFT (as speed, 1/TTFT) >= 0.97x in-process; the
@@ -70,19 +71,30 @@ def stream(url: str, model: str, tokens: int, salt: str = "") -> tuple[float, fl
     return ttft, tps, times
 
 
-def measure(url: str, model: str, tokens: int, rep: int) -> dict[str, float]:
+def front_cpu(proc: subprocess.Popen) -> float:
+    """CPU seconds the serve process itself (the front, not its runner) has used."""
+    import psutil
+
+    t = psutil.Process(proc.pid).cpu_times()
+    return t.user + t.system
+
+
+def measure(url: str, model: str, tokens: int, rep: int, proc: subprocess.Popen) -> dict[str, float]:
     stream(url, model, 8)  # warm: the prompt cache holds the prompt for the other runs alike
     singles = [stream(url, model, tokens, f"Run {rep}.{i}. ") for i in range(SINGLES)]
     cached = [stream(url, model, 2)[0] for _ in range(SINGLES)]
+    cpu = front_cpu(proc)
     with ThreadPoolExecutor(8) as pool:
         runs = list(pool.map(lambda _: stream(url, model, tokens), range(8)))  # the cached prompt: they start together
+    cpu = front_cpu(proc) - cpu
     # decoding together: from the last stream's first token to the first stream's last one
     start, end = max(r[2][0] for r in runs), min(r[2][-1] for r in runs)
     if end <= start:
         sys.exit("the 8 streams never decoded together: give more --tokens")
     together = sum(sum(1 for t in r[2] if start < t <= end) for r in runs)
     return {"ttft": statistics.median(r[0] for r in singles), "tps": statistics.median(r[1] for r in singles),
-            "cached_ttft": statistics.median(cached), "aggregate": together / (end - start)}
+            "cached_ttft": statistics.median(cached), "aggregate": together / (end - start),
+            "cpu_per_token": cpu / sum(len(r[2]) for r in runs)}
 
 
 def cold_vs_resident(url: str, model: str) -> tuple[float, float]:
@@ -103,7 +115,7 @@ def cold_vs_resident(url: str, model: str) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path)
-    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=256)
     args = ap.parse_args()
     model = args.model or default_model()
@@ -116,13 +128,13 @@ def main() -> int:
             proc = start(kind, model, port, env)
             try:
                 url = f"http://127.0.0.1:{port}"
-                results[kind].append(measure(url, model.name, args.tokens, rep))
+                results[kind].append(measure(url, model.name, args.tokens, rep, proc))
                 if kind == "runner" and cold is None:
                     cold = cold_vs_resident(url, model.name)
             finally:
                 proc.terminate()
                 proc.wait(60)
-    med = {k: {m: statistics.median(r[m] for r in runs) for m in ("ttft", "tps", "aggregate", "cached_ttft")}
+    med = {k: {m: statistics.median(r[m] for r in runs) for m in ("ttft", "tps", "aggregate", "cached_ttft", "cpu_per_token")}
            for k, runs in results.items()}
     a, b = med["in-process"], med["runner"]
     ratios = {"decode tok/s, one stream": b["tps"] / a["tps"], "TTFT (as speed), one stream": a["ttft"] / b["ttft"],
@@ -137,6 +149,11 @@ def main() -> int:
     print(f"TTFT with the whole prompt cached: {a['cached_ttft'] * 1000:.1f} ms in-process, "
           f"{b['cached_ttft'] * 1000:.1f} ms through the runner: the hop costs "
           f"{(b['cached_ttft'] - a['cached_ttft']) * 1000:.1f} ms a request (reported, no target)")
+    print(f"CPU the front (the serve process, not its runner) spends per streamed token, 8 streams: "
+          f"{b['cpu_per_token'] * 1e6:.0f} us (reported, no target)")
+    for kind, runs in results.items():
+        print(f"  {kind} per start: decode " + " ".join(f"{r['tps']:.1f}" for r in runs) + "; TTFT ms "
+              + " ".join(f"{r['ttft'] * 1000:.0f}" for r in runs))
     if cold:
         print(f"first request, model not loaded: {cold[0] * 1000:.0f} ms; resident: {cold[1] * 1000:.0f} ms "
               f"({cold[0] / cold[1]:.1f}x: the runner's start and load)")
