@@ -34,7 +34,7 @@ from .fields import APIError, parse_json
 from .metrics import gauge, merge_pages
 from .relay import OLLAMA_ROUTES, Relay
 from .runners import Pool, Runner
-from .server import HANDLERS, Guard, ResponseStore, ServerConfig, cors, error_response
+from .server import HANDLERS, Guard, ResponseStore, ServerConfig, cors, error_response, read_body
 
 MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
 
@@ -52,13 +52,7 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
     max_body = cfg.guard.max_body
 
     async def body_of(request: HTTPRequest) -> bytes:
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                raise APIError(f"the request body is larger than {max_body} bytes", 413, code="request_too_large")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_body(request, max_body)
 
     # -- what needs no model ----------------------------------------------------------------
 

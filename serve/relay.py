@@ -20,6 +20,7 @@ from . import anthropic_api, ollama_api, upstream
 from .catalog import Catalog
 from .fields import APIError, parse_json
 from .runners import Pool, Runner, parse_keep_alive
+from .server import too_large
 
 OLLAMA_ROUTES = ("/api/chat", "/api/generate")
 PASSED_HEADERS = ("retry-after",)  # from a runner's whole answer to the client
@@ -93,8 +94,7 @@ class Relay:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                raise APIError(f"the request body is larger than {self.max_body} bytes", 413,
-                               code="request_too_large")
+                raise too_large(self.max_body)
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)

@@ -98,12 +98,23 @@ class Guard:
                 return await _error(scope, receive, send, err)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body):
-            return await _error(scope, receive, send, _too_large(self.cfg.max_body))
+            return await _error(scope, receive, send, too_large(self.cfg.max_body))
         return await self.app(scope, receive, send)
 
 
-def _too_large(limit: int) -> APIError:
+def too_large(limit: int) -> APIError:
     return APIError(f"the request body is larger than {limit} bytes", 413, code="request_too_large")
+
+
+async def read_body(request: HTTPRequest, limit: int) -> bytes:
+    """A request's body, refused (413) as soon as it passes `limit` bytes."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def error_response(path: str, err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -215,13 +226,8 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     store = ResponseStore(cfg.history)
 
     async def body_of(request: HTTPRequest) -> tuple[dict[str, Any], int]:
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cfg.max_body:
-                raise _too_large(cfg.max_body)
-            chunks.append(chunk)
-        return parse_json(b"".join(chunks)), size
+        raw = await read_body(request, cfg.max_body)
+        return parse_json(raw), len(raw)
 
     async def submit(parsed, size: int):
         if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
