@@ -48,6 +48,7 @@ def _register() -> None:
     from .cache_cmds import cache_app
     from .chat import chat
     from .doctor import doctor
+    from .embed_cmds import embed, search
     from .history_cmds import logs_app
     from .ps_cmds import ps, stop
     from .run import run
@@ -58,7 +59,7 @@ def _register() -> None:
 
     commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
                 ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("serve", serve), ("ps", ps), ("stop", stop), ("doctor", doctor))
+                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("embed", embed), ("search", search), ("serve", serve), ("ps", ps), ("stop", stop), ("doctor", doctor))
     for name, fn in commands:
         app.command(name=name)(guarded(fn))
     app.command(name="completions")(guarded(completions))

@@ -157,3 +157,20 @@ def check_structured(text: str, finish_reason: str, schema) -> None:
             validator_for(schema)(schema).validate(value)
         except ValidationError as exc:
             raise TallowError(f"the answer does not follow the schema: {exc.message}") from exc
+Pooling = Annotated[Optional[str], typer.Option("--pooling", help="How token vectors become one: mean, cls, last, or rank (a reranker) [default: the model's own; mean if it has none].", show_default=False)]
+Truncate = Annotated[bool, typer.Option("--truncate", help="Cut an input longer than the model takes to fit (default: such an input is an error).")]
+NoNormalize = Annotated[bool, typer.Option("--no-normalize", help="Return vectors as pooled, not scaled to unit length.")]
+Dimensions = Annotated[Optional[int], typer.Option("--dimensions", min=1, help="Keep the first N dimensions, then normalize (Matryoshka; meant for models trained for it).", show_default=False)]
+EmbedBatch = Annotated[int, typer.Option("--batch-size", min=32, max=16384, help="Tokens per llama_decode: inputs are packed into each as separate sequences.")]
+
+
+def embed_settings(threads: int | None, gpu_layers: str, pooling: str | None, batch_size: int):
+    """Load settings for an embedding model (runtime/embed.py): no sampling, a context of one batch."""
+    from dataclasses import replace
+
+    from tallow.common.errors import TallowError
+    from tallow.models.bert_import import POOLING
+
+    if pooling is not None and (pooling not in POOLING or pooling == "none"):
+        raise TallowError(f"--pooling must be mean, cls, last or rank, not {pooling!r}")
+    return replace(load_settings(None, threads, gpu_layers, "auto"), n_batch=batch_size, pooling=pooling)

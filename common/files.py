@@ -35,3 +35,22 @@ def sha256_file(path: Path) -> str:
     except OSError as exc:
         raise TallowError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return h.hexdigest()
+
+
+def trim_partial_line(path: Path) -> None:
+    """Cut a last line that a kill left without its newline, so the file stays whole lines
+    (read backwards from the end: a large file is not read in full)."""
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            step = min(_CHUNK, pos)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                pos = pos - step + nl + 1
+                break
+            pos -= step
+        if pos != end:
+            f.truncate(pos)

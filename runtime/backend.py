@@ -180,7 +180,8 @@ class Model:
         self.n_ctx_train = C.llama_model_n_ctx_train(ptr)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos = C.llama_vocab_bos(self.vocab)
-        self.eos = C.llama_vocab_eos(self.vocab)
+        self.eos, self.sep = C.llama_vocab_eos(self.vocab), C.llama_vocab_sep(self.vocab)
+        self.n_embd, self.n_cls_out = C.llama_model_n_embd(ptr), C.llama_model_n_cls_out(ptr)
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
 
@@ -259,6 +260,9 @@ class Context:
         params.n_threads_batch = p.n_threads
         params.flash_attn_type = FLASH_ATTN[p.flash_attn]
         params.no_perf = True
+        params.embeddings = p.embeddings
+        if p.pooling is not None:
+            params.pooling_type = p.pooling
         # Several sequences share one KV buffer (each may then use the whole context); a
         # single sequence does without it, since the unified layout costs a little decode speed.
         params.kv_unified = p.n_seq_max > 1 if p.kv_unified is None else p.kv_unified
@@ -281,6 +285,7 @@ class Context:
         self._batch = C.llama_batch_init(self.n_batch, 0, p.n_seq_max)
         self._b = self._batch  # fields are pointers into C memory, filled in place
         self.n_threads = p.n_threads
+        self.pooling = C.llama_pooling_type(ptr) if p.embeddings else None  # what llama.cpp chose
         if _ABORT is not None:
             C.llama_set_abort_callback(ptr, _ABORT, ctypes.cast(interrupt.abort_flag, ctypes.c_void_p))
 
@@ -351,6 +356,15 @@ class Context:
         if rc != 0:
             raise BackendError("the KV cache is full" if rc == 1 else f"llama_decode failed with code {rc}",
                                "use a larger context or fewer parallel sequences")
+
+    def pooled(self, seq_id: int, n: int):
+        """One sequence's pooled embedding (or rank scores) from the last embedding decode, a copy."""
+        import numpy as np
+
+        ptr = C.llama_get_embeddings_seq(self.ptr, seq_id)
+        if not ptr:
+            raise BackendError(f"no pooled embedding for sequence {seq_id}")
+        return np.ctypeslib.as_array(ptr, shape=(n,)).copy()
 
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)

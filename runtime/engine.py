@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from tallow.models.bert_import import POOLING
+
 from .errors import ContextOverflow
 from .loadplan import (choose_flash_attn, context_notes, default_context, extra_buffers, gpu_layer_count, plan_memory,
                        read_shape)
@@ -64,7 +66,8 @@ class Engine:
                                       n_threads=n_threads, flash_attn=settings.flash_attn,
                                       observer=settings.observer, type_k=settings.type_k,
                                       type_v=settings.type_v, n_seq_max=settings.n_seq_max,
-                                      kv_unified=settings.kv_unified),
+                                      kv_unified=settings.kv_unified, embeddings=settings.embeddings,
+                                      pooling=POOLING[settings.pooling] if settings.pooling else None),
             )
         except BaseException:
             self.governor.close()

@@ -30,6 +30,8 @@ class LoadSettings:
     registry: object = None  # folder of the running engines' thread claims (runtime/threads.py)
     related_pids: tuple[int, ...] = ()  # processes whose CPU time is this engine's own work (a runner's server)
     adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
+    embeddings: bool = False  # an embedding context (runtime/embed.py): pooled vectors, no sampling
+    pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embed.py)
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,8 @@ class ContextParams:
     type_k: str = "f16"  # KV cache types (ggml type names)
     type_v: str = "f16"
     kv_unified: bool | None = None  # None: unified exactly when there are several sequences
+    embeddings: bool = False  # pooled embeddings out instead of logits
+    pooling: int | None = None  # llama.cpp's pooling type; None: the model's
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,11 @@ def previous_results(out: Path, retry_failed: bool = False) -> Previous:
     found = Previous()
     if not out.exists():
         return found
-    with open(out, "rb+") as f:
-        data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end != len(data):
-            f.truncate(end)
+    from tallow.common.files import trim_partial_line
+
+    trim_partial_line(out)
+    data = out.read_bytes()
+    end = len(data)
     kept: list[bytes] = []
     for raw in data[:end].splitlines(keepends=True):
         try:
