@@ -110,14 +110,12 @@ def open_embedder(text: str, load: LoadSettings, offline: bool):
     model that declares no pooling (a chat model) is pooled by mean unless told otherwise."""
     from dataclasses import replace
 
-    from tallow.models.gguf_file import read_gguf
+    from tallow.runtime.embed import declared_pooling
     from tallow.runtime.embed import open_embedder as load_embedder
 
     local = find_model(text, offline)
-    if load.pooling is None:
-        meta = read_gguf(local.paths[0]).metadata
-        if not isinstance(meta.get(f"{meta.get('general.architecture')}.pooling_type"), int):
-            load = replace(load, pooling="mean")
+    if load.pooling is None and declared_pooling(local.paths) is None:
+        load = replace(load, pooling="mean")
     embedder = load_embedder(local.paths, load)
     _say_fit(embedder.engine)
     return local, embedder

@@ -30,10 +30,9 @@ def runner(
     config: str = typer.Option("{}", "--config", help="The serve options for this model, as JSON."),
 ) -> None:
     """Serve one model for tallow serve (started by it; not meant to be run by hand)."""
-    from tallow.runtime.scheduler import SchedulerSettings
-    from tallow.serve.server import ServerConfig, create_app
+    from tallow.runtime.embed import declared_pooling
 
-    from .models import open_scheduler
+    from .models import find_model
     from .serve_cmds import run_uvicorn
 
     if (socket_path is None) == (port is None):
@@ -45,24 +44,12 @@ def runner(
                                         c.get("flash_attn", "auto")), c.get("draft"))
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
-    sched_settings = SchedulerSettings(parallel=c.get("parallel", 4), deterministic=c.get("deterministic", False),
-                                       kv_unified=c.get("kv_unified", False), max_queue=c.get("max_queue", 64),
-                                       max_tokens_cap=c.get("max_tokens", 4096), time_limit_s=c.get("timeout"),
-                                       draft=c.get("draft"))
-    name, sched = open_scheduler(model, load, True, sched_settings, disk_cache=not c.get("no_cache", False))
+    if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker
+        name, sched, app, ready = _embedding(model, load, c)
+    else:
+        name, sched, app, ready = _generating(model, load, c)
+    crash = settings.test_runner_crash(name)
     try:
-        from importlib.metadata import version
-
-        engine = sched.engine
-        fingerprint = (f"tallow-{version('tallow')}-{(engine.digest or 'local')[:12]}"
-                       + ("-det" if c.get("deterministic") else ""))
-        crash = settings.test_runner_crash(name)
-        app = create_app(sched, ServerConfig(model=name, max_body=c.get("max_body", 4 * 1024 * 1024),
-                                             max_tokens=c.get("max_tokens", 4096),
-                                             default_max_tokens=c.get("default_max_tokens"), seed=c.get("seed"),
-                                             aliases=tuple(c.get("aliases", ())), fingerprint=fingerprint,
-                                             tool_format=c.get("tool_format"), history=c.get("history"),
-                                             fault_after_tokens=crash[0] if crash else None))
         if socket_path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(socket_path)
@@ -70,10 +57,7 @@ def runner(
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", port))
         sock.listen(128)
-        ready = {"model": name, "pid": os.getpid(), "capacity": sched.capacity, "n_ctx": sched.n_ctx,
-                 "parallel": len(sched.slots), "unified": sched.unified, "load_ms": round(engine.load_ms, 3), "threads": engine.n_threads,
-                 "gpu_layers": engine.gpu_layers, "memory": engine.estimate.to_dict() if engine.estimate else {},
-                 "address": socket_path or f"http://127.0.0.1:{sock.getsockname()[1]}"}
+        ready["address"] = socket_path or f"http://127.0.0.1:{sock.getsockname()[1]}"
         if crash:
             crash[1].touch()  # armed once: the runner started after the crash lives
         sys.stdout.write(json.dumps(ready) + "\n")
@@ -83,6 +67,59 @@ def runner(
         run_uvicorn(app, sock)
     finally:
         sched.close()
+
+
+def _config(c: dict, name: str, engine, crash=None):
+    from importlib.metadata import version
+
+    from tallow.serve.server import ServerConfig
+
+    fingerprint = (f"tallow-{version('tallow')}-{(engine.digest or 'local')[:12]}"
+                   + ("-det" if c.get("deterministic") else ""))
+    return ServerConfig(model=name, max_body=c.get("max_body", 4 * 1024 * 1024), max_tokens=c.get("max_tokens", 4096),
+                        default_max_tokens=c.get("default_max_tokens"), seed=c.get("seed"),
+                        aliases=tuple(c.get("aliases", ())), fingerprint=fingerprint, tool_format=c.get("tool_format"),
+                        history=c.get("history"), fault_after_tokens=crash[0] if crash else None)
+
+
+def _ready(name: str, engine, **shape) -> dict:
+    return {"model": name, "pid": os.getpid(), **shape, "load_ms": round(engine.load_ms, 3),
+            "threads": engine.n_threads, "gpu_layers": engine.gpu_layers,
+            "memory": engine.estimate.to_dict() if engine.estimate else {}}
+
+
+def _generating(model: str, load, c: dict):
+    from tallow.runtime.scheduler import SchedulerSettings
+    from tallow.serve.server import create_app
+
+    from .models import open_scheduler
+
+    sched_settings = SchedulerSettings(parallel=c.get("parallel", 4), deterministic=c.get("deterministic", False),
+                                       kv_unified=c.get("kv_unified", False), max_queue=c.get("max_queue", 64),
+                                       max_tokens_cap=c.get("max_tokens", 4096), time_limit_s=c.get("timeout"),
+                                       draft=c.get("draft"))
+    name, sched = open_scheduler(model, load, True, sched_settings, disk_cache=not c.get("no_cache", False))
+    engine = sched.engine
+    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)))
+    return name, sched, app, _ready(name, engine, capacity=sched.capacity, n_ctx=sched.n_ctx,
+                                    parallel=len(sched.slots), unified=sched.unified)
+
+
+def _embedding(model: str, load, c: dict):
+    """An embedding model or reranker: its inputs batched by the embedding scheduler."""
+    from dataclasses import replace
+
+    from tallow.runtime.embed_scheduler import EmbedScheduler
+    from tallow.serve.embed_server import create_embed_app
+
+    from .models import open_embedder
+
+    local, embedder = open_embedder(model, replace(load, n_batch=c.get("embed_batch", 512), n_ctx=None), True)
+    sched = EmbedScheduler(embedder, max_queued_inputs=c.get("max_queue", 64) * 1024)
+    engine = embedder.engine
+    app = create_embed_app(sched, _config(c, local.name, engine))
+    return local.name, sched, app, _ready(local.name, engine, capacity=embedder.max_tokens, n_ctx=engine.n_ctx,
+                                          parallel=embedder.max_seqs, unified=True, pooling=embedder.pooling)
 
 
 def _orphan_watch() -> None:

@@ -32,6 +32,15 @@ class Shaping:
     dimensions: int | None = None  # keep the first N (Matryoshka), then normalize again
 
 
+def declared_pooling(paths) -> str | None:
+    """The pooling a GGUF declares (an embedding model or a reranker), or None (a chat model)."""
+    from tallow.models.gguf_file import read_gguf
+
+    meta = read_gguf(paths[0] if isinstance(paths, list) else paths).metadata
+    value = meta.get(f"{meta.get('general.architecture')}.pooling_type")
+    return NAMES.get(value) if isinstance(value, int) and value in NAMES and value != POOLING["none"] else None
+
+
 def open_embedder(path, settings, max_seqs: int = 64) -> "Embedder":
     """Load `path` for embeddings: a context of `settings.n_batch` tokens holding up to
     `max_seqs` inputs at once (llama.cpp needs a whole non-causal batch in one ubatch)."""

@@ -36,7 +36,8 @@ from .relay import OLLAMA_ROUTES, Relay
 from .runners import Pool, Runner
 from .server import HANDLERS, Guard, ResponseStore, ServerConfig, cors, error_response, read_body
 
-MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
+MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens",
+                "/embeddings", "/rerank")
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,6 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
             return JSONResponse({"status": "success"})
         return StreamingResponse(_pull_lines(catalog, name), media_type="application/x-ndjson")
 
-    async def embed(request: HTTPRequest) -> Response:
-        raise APIError("embeddings are not available in this version of tallow", 501, code="not_implemented")
-
     def models_list() -> list[dict[str, Any]]:
         return [{"id": n, "object": "model", "created": started, "owned_by": "tallow"} for n in catalog.names()]
 
@@ -147,8 +145,7 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
               Route("/metrics", metrics, methods=["GET"]), Route("/api/version", version, methods=["GET"]),
               Route("/api/tags", tags, methods=["GET"]), Route("/api/show", show, methods=["POST"]),
               Route("/api/ps", ps, methods=["GET"]), Route("/api/delete", delete, methods=["DELETE"]),
-              Route("/api/copy", copy, methods=["POST"]), Route("/api/pull", pull, methods=["POST"]),
-              Route("/api/embed", embed, methods=["POST"]), Route("/api/embeddings", embed, methods=["POST"])]
+              Route("/api/copy", copy, methods=["POST"]), Route("/api/pull", pull, methods=["POST"])]
     relay = Relay(pool, catalog, cfg.default_model, max_body)
     routes += [Route(p, relay, methods=["POST"]) for p in OLLAMA_ROUTES]
     for prefix in ("/v1", ""):

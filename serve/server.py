@@ -335,6 +335,11 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     async def metrics(request: HTTPRequest) -> Response:
         return PlainTextResponse(scheduler_metrics(sched), media_type="text/plain; version=0.0.4")
 
+    async def no_embeddings(request: HTTPRequest) -> Response:
+        raise APIError(f"'{cfg.model}' is a generative model: it declares no pooling, so it serves no embeddings; "
+                       "serve an embedding model (such as all-minilm:l6-v2) for these", param="model",
+                       code="model_not_embedding")
+
     async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
         if isinstance(exc, QueueFull):
             err = APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error")
@@ -343,9 +348,12 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         return error_response(request.url.path, APIError(exc.message, 400, code=code))
 
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-              Route("/api/chat", ollama, methods=["POST"]), Route("/api/generate", ollama, methods=["POST"])]
+              Route("/api/chat", ollama, methods=["POST"]), Route("/api/generate", ollama, methods=["POST"]),
+              Route("/api/embed", no_embeddings, methods=["POST"]), Route("/api/embeddings", no_embeddings, methods=["POST"])]
     for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
         routes += [
+            Route(f"{prefix}/embeddings", no_embeddings, methods=["POST"]),
+            Route(f"{prefix}/rerank", no_embeddings, methods=["POST"]),
             Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
             Route(f"{prefix}/completions", completions, methods=["POST"]),
             Route(f"{prefix}/responses", responses, methods=["POST"]),
