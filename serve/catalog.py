@@ -80,7 +80,8 @@ class Catalog:
         template = meta.get("tokenizer.chat_template")
         model_info = {k: v for k, v in meta.items() if k not in SKIPPED_METADATA and isinstance(v, (str, int, float, bool))}
         model_info["general.parameter_count"] = info.n_params
-        caps = ["completion"]
+        pooling = meta.get(f"{info.architecture}.pooling_type")
+        caps = ["embedding"] if isinstance(pooling, int) and pooling > 0 else ["completion"]  # as Ollama names them
         if isinstance(template, str) and "tools" in template:
             caps.append("tools")
         if isinstance(template, str) and "<think>" in template:
