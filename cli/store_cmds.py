@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from tallow.common.errors import TallowError
+from tallow.models.bert_import import pooling_name
 from tallow.models.gguf_file import read_gguf
 from tallow.models.refs import PathRef, parse_ref
 
@@ -145,6 +146,8 @@ def show(
         "tensor_types": {k: {"tensors": v[0], "bytes": v[1]} for k, v in sorted(hist.items(), key=lambda kv: -kv[1][1])},
         "metadata": {k: v for k, v in info.metadata.items() if isinstance(v, (str, int, float, bool)) and k != "tokenizer.chat_template"},
         "has_chat_template": isinstance(chat, str),
+        "pooling": pooling_name(info.metadata),
+        "embedding_length": info.metadata.get(f"{info.architecture}.embedding_length"),
     }
     if as_json:
         _print_json(data)
@@ -196,6 +199,9 @@ def _render_show(d: dict) -> None:
                          ("source", ", ".join(f"{k}={v}" for k, v in d["source"].items() if k != "files")),
                          ("chat template", "yes (tallow show --template)" if d["has_chat_template"] else "none")):
         out.write(f"  {label:<15}{value}\n")
+    if d["pooling"]:
+        kind = "a reranker: /v1/rerank" if d["pooling"] == "rank" else "tallow embed, /v1/embeddings"
+        out.write(f"  {'embeddings':<15}{d['embedding_length']} dimensions, {d['pooling']} pooling ({kind})\n")
     out.write("  tensor types\n")
     for name, t in d["tensor_types"].items():
         out.write(f"    {name:<8} {t['tensors']:>5} tensors  {human_bytes(t['bytes']):>10}\n")

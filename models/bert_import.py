@@ -27,6 +27,14 @@ POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's 
 _NORMAL, _UNKNOWN, _CONTROL = 1, 2, 3  # GGUF token types
 
 
+def pooling_name(metadata: dict) -> str | None:
+    """The pooling a GGUF's metadata declares (an embedding model or a reranker), or None
+    (a chat model declares none, or "none")."""
+    value = metadata.get(f"{metadata.get('general.architecture')}.pooling_type")
+    names = {v: k for k, v in POOLING.items()}
+    return names.get(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 class ConversionError(GGUFError):
     """A source tallow cannot convert (the message says which part and why)."""
 

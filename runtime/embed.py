@@ -34,11 +34,10 @@ class Shaping:
 
 def declared_pooling(paths) -> str | None:
     """The pooling a GGUF declares (an embedding model or a reranker), or None (a chat model)."""
+    from tallow.models.bert_import import pooling_name
     from tallow.models.gguf_file import read_gguf
 
-    meta = read_gguf(paths[0] if isinstance(paths, list) else paths).metadata
-    value = meta.get(f"{meta.get('general.architecture')}.pooling_type")
-    return NAMES.get(value) if isinstance(value, int) and value in NAMES and value != POOLING["none"] else None
+    return pooling_name(read_gguf(paths[0] if isinstance(paths, list) else paths).metadata)
 
 
 def open_embedder(path, settings, max_seqs: int = 64) -> "Embedder":

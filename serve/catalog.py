@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
+from tallow.models.bert_import import pooling_name
 from tallow.models.gguf_file import read_gguf
 from tallow.models.names import parse_name
 from tallow.models.resolve import LocalModel, locate
@@ -80,8 +81,7 @@ class Catalog:
         template = meta.get("tokenizer.chat_template")
         model_info = {k: v for k, v in meta.items() if k not in SKIPPED_METADATA and isinstance(v, (str, int, float, bool))}
         model_info["general.parameter_count"] = info.n_params
-        pooling = meta.get(f"{info.architecture}.pooling_type")
-        caps = ["embedding"] if isinstance(pooling, int) and pooling > 0 else ["completion"]  # as Ollama names them
+        caps = ["embedding"] if pooling_name(meta) else ["completion"]  # as Ollama names them
         if isinstance(template, str) and "tools" in template:
             caps.append("tools")
         if isinstance(template, str) and "<think>" in template:

