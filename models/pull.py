@@ -165,9 +165,7 @@ def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", 
         if verify is not None:
             verify([out])
         info = read_gguf(out)
-        digest = f"sha256-{sha256_file(out)}"
-        size = out.stat().st_size
-        store.adopt_blob(out, digest)
+        digest, size = store.adopt_written(out)
     finally:
         out.unlink(missing_ok=True)
     manifest = Manifest(name, [StoredFile(f"{done.name}.{dtype}.gguf", digest, size)],

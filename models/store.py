@@ -184,6 +184,13 @@ class Store:
         os.replace(tmp_path, target)
         return target
 
+    def adopt_written(self, tmp_path: Path) -> tuple[str, int]:
+        """Adopt a file tallow wrote itself (converted, quantized) under the digest of what
+        it holds; returns (digest, size)."""
+        digest, size = f"sha256-{sha256_file(tmp_path)}", tmp_path.stat().st_size
+        self.adopt_blob(tmp_path, digest)
+        return digest, size
+
     def commit(self, manifest: Manifest) -> None:
         path = self._manifest_path(parse_name(manifest.name))
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,9 +68,7 @@ def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_p
     try:
         _run_worker(source, output, qt, opts, on_progress)
         result = read_gguf(output)
-        digest = f"sha256-{sha256_file(output)}"
-        size = output.stat().st_size
-        store.adopt_blob(output, digest)
+        digest, size = store.adopt_written(output)
     finally:
         output.unlink(missing_ok=True)
     from importlib.metadata import version

