@@ -105,6 +105,9 @@ def serve(
 
 def _loaded_line(r) -> str:
     info = r.info
+    if info.get("pooling"):  # an embedding model or a reranker (serve/embed_server.py)
+        kind = "reranker" if info["pooling"] == "rank" else f"embeddings, {info['pooling']} pooling"
+        return f"{r.name} ({kind}, {info.get('parallel')} inputs per decode, {info.get('capacity')} tokens per input)"
     per = " shared" if info.get("unified") else f", {info.get('capacity')} per request"
     return f"{r.name} ({info.get('parallel')} parallel, context {info.get('n_ctx')}{per})"
 

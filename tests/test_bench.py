@@ -88,7 +88,9 @@ def test_parallel_rows_and_the_slo_verdict(synth_model, tmp_path):
         assert x["avg_ts"] == pytest.approx(sum(x["samples_ts"]) / len(x["samples_ts"]))
         # measured through the scheduler: the tokens decoded once every request is decoding
         # (each has its first token by then), over that time; whole nanoseconds round at 1e-6
-        assert x["n_parallel"] * 7 <= x["decode_tokens"][0] <= x["n_parallel"] * 8
+        # (a request the scheduler admitted a step after the others, as on a loaded machine,
+        # starts that window a step later: CI once counted 19 of 3 x 8)
+        assert x["n_parallel"] * 6 <= x["decode_tokens"][0] <= x["n_parallel"] * 8
         assert x["samples_ts"][0] == pytest.approx(x["decode_tokens"][0] / (x["samples_ns"][0] / 1e9), rel=1e-4)
     assert b"server SLO" in r.stderr and b"parallel sequences" in r.stderr
     bad = run_tallow(["bench", str(synth_model), "-r", "1", "--slo", "fast"], home=tmp_path)

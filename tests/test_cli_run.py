@@ -190,10 +190,11 @@ def test_lookup_draft_gives_the_same_answer_and_reports_acceptance(default_home)
 
 
 def test_json_logprobs_per_token_as_the_api_gives_them(synth_model, tmp_path):
-    # a fixed thread count: on a busy machine the free-core choice could differ between the
-    # two runs compared, and with it the order llama.cpp sums in (CI saw 1e-3 apart)
+    # fixed threads and flash attention: drafting turns flash attention on, and "auto" for the
+    # plain run follows this machine's calibration, which may choose off; either difference
+    # changes the order llama.cpp sums in (CI saw 1e-3 apart, twice)
     r = run_tallow(["run", str(synth_model), "hello", "--json", "--logprobs", "3", "-n", "6", "--temperature", "0",
-                    "--no-log", "-t", "2"], home=tmp_path)
+                    "--no-log", "-t", "2", "--flash-attn", "on"], home=tmp_path)
     assert r.returncode == 0, r.stderr.decode()
     out = json.loads(r.stdout)
     content = out["logprobs"]["content"]
@@ -209,7 +210,8 @@ def test_json_logprobs_per_token_as_the_api_gives_them(synth_model, tmp_path):
     assert "logprobs" not in plain and plain["text"] == out["text"]  # asked for only, and the answer is the same
     # lookup drafts are a feature of the same decode path: the same tokens, the same figures
     drafted = json.loads(run_tallow(["run", str(synth_model), "hello", "--json", "--logprobs", "3", "-n", "6",
-                                     "--temperature", "0", "--no-log", "--draft", "lookup", "-t", "2"], home=tmp_path).stdout)
+                                     "--temperature", "0", "--no-log", "--draft", "lookup", "-t", "2", "--flash-attn", "on"],
+                                        home=tmp_path).stdout)
     assert drafted["text"] == out["text"]
     assert [e["token"] for e in drafted["logprobs"]["content"]] == [e["token"] for e in content]
     assert all(abs(a["logprob"] - b["logprob"]) < 1e-3 for a, b in zip(drafted["logprobs"]["content"], content))

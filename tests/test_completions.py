@@ -60,7 +60,7 @@ def test_options_commands_and_files_complete(tmp_path):
     got, _ = complete(tmp_path, "bash", "tallow quantize m --type Q4_K")
     assert set(got) == {"Q4_K_M", "Q4_K_S"}
     got, _ = complete(tmp_path, "bash", "tallow se")
-    assert got == ["serve"]
+    assert got == ["search", "serve"]
     (tmp_path / "requests.jsonl").write_text("{}\n")
     (tmp_path / "reqdir").mkdir()
     got, _ = complete(tmp_path, "fish", f"tallow batch {tmp_path}/req")

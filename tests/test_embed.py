@@ -5,6 +5,7 @@ tiny random BERTs converted by tallow import."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -359,3 +360,24 @@ def test_index_and_search(home, tmp_path):
     assert other.returncode == 1 and "dimensions 32 (now 8)" in other.stderr
     missing = run_tallow(["search", str(tmp_path / "none.sqlite"), "x"], home=home)
     assert missing.returncode == 1 and "not an index" in missing.stderr
+
+
+def test_a_terminal_sees_the_inputs_counted_as_they_go(home, tmp_path):
+    import shutil
+
+    from terminal import Terminal, plain
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"the cat sat on the mat {i}\n" for i in range(20_000)))
+    out = tmp_path / "out.jsonl"
+    env = tallow_env(home, {"TERM": "xterm-256color"})
+    env.pop("NO_COLOR")
+    term = Terminal(["--noprofile", "--norc", "-c",
+                     f"{sys.executable} -m tallow.cli embed tiny-embed -o {out} < {lines}"], env,
+                    program=shutil.which("bash"))
+    code = term.wait(600)
+    screen = plain(term.buf.decode("utf-8", "replace"))
+    assert code == 0, screen
+    assert re.search(r"embed.*\d+ inputs \d+/s", screen), screen  # the count, while it ran
+    assert "20000 embedded to" in screen
+    assert _lines_in(out) == 20_000
