@@ -60,7 +60,10 @@ def embed(
             raise TallowError(f"{local.name} is a reranker (pooling rank): it scores pairs, it makes no vectors",
                               "serve it and use /v1/rerank, or embed with --pooling mean")
         shaping = Shaping(normalize=not no_normalize, dimensions=dimensions)
-        inputs = enumerate(texts) if texts else numbered_lines(sys.stdin)
+        if texts and any(not t.strip() for t in texts):
+            raise TallowError(f"text {next(i for i, t in enumerate(texts) if not t.strip())} is empty",
+                              "every text needs some words")
+        inputs = enumerate(texts) if texts else numbered_lines(sys.stdin.buffer)
         start, skip, stats = 0, (lambda i, t: False), EmbedStats()
         if index is not None:
             vi = VectorIndex(index, create=True)

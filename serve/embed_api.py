@@ -54,6 +54,9 @@ def _texts_or_tokens(value: Any, name: str, n_vocab: int) -> tuple[list[str] | N
 
 
 def _fitted(embedder, texts, tokens, truncate: bool, name: str) -> list[list[int]]:
+    for i, t in enumerate(texts or []):
+        if not t.strip():
+            raise APIError(f"'{name}[{i}]' is empty: every input needs some text", param=name)
     if texts is not None:
         tokens = [embedder.tokens(t) for t in texts]
     try:

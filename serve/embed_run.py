@@ -38,10 +38,15 @@ class EmbedStats:
 
 
 def numbered_lines(stream) -> Iterator[tuple[int, str]]:
-    """(index, text) per line of a text stream: index counts every line, so it names the
-    line; an empty line is passed over (no record)."""
-    for i, line in enumerate(stream):
-        text = line.rstrip("\r\n")
+    """(index, text) per line of a binary stream: index counts every line, so it names the
+    line; an empty line is passed over (no record); a line that is not UTF-8 stops the run
+    with its number (a replacement character would change the vector without a word)."""
+    for i, raw in enumerate(stream):
+        try:
+            text = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise TallowError(f"line {i + 1} of the input is not valid UTF-8 (byte {exc.start + 1})",
+                              "convert the file to UTF-8 (iconv), or remove that line") from None
         if text.strip():
             yield i, text
 
@@ -162,8 +167,8 @@ def run_embed(embedder: Embedder, inputs: Iterable[tuple[int, str]], sink, shapi
               stats: EmbedStats, skip: Callable[[int, str], bool] = lambda i, t: False,
               on_progress: Callable[[EmbedStats], None] = lambda s: None) -> EmbedStats:
     """Embed `inputs` into `sink`, a chunk of groups at a time; what `skip` says is done is
-    counted, not embedded. An input too long (without `truncate`) stops the run after the
-    chunks before it are written."""
+    counted, not embedded. A bad input (too long without `truncate`, not UTF-8) stops the
+    run once everything before it is written."""
     chunk_size = embedder.max_seqs * 4
     chunk: list[tuple[int, str, list[int]]] = []
 
@@ -177,19 +182,18 @@ def run_embed(embedder: Embedder, inputs: Iterable[tuple[int, str]], sink, shapi
         chunk.clear()
         on_progress(stats)
 
-    for index, text in inputs:
-        if skip(index, text):
-            stats.skipped += 1
-            continue
-        try:
-            toks = embedder.fit(embedder.tokens(text), index, truncate)
-        except TallowError:
-            if chunk:
+    try:
+        for index, text in inputs:
+            if skip(index, text):
+                stats.skipped += 1
+                continue
+            chunk.append((index, text, embedder.fit(embedder.tokens(text), index, truncate)))
+            if len(chunk) >= chunk_size:
                 drain()
-            raise
-        chunk.append((index, text, toks))
-        if len(chunk) >= chunk_size:
-            drain()
+    except TallowError:  # a bad input: what came before it is written, so a rerun resumes there
+        if chunk:
+            drain()  # flushes JSONL and the index; a JSON or npy file is abandoned by the caller
+        raise
     if chunk:
         drain()
     sink.finish()

@@ -259,6 +259,18 @@ def test_embed_refuses_an_input_too_long_unless_truncate(home):
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 2
 
 
+def test_embed_refuses_bad_text_and_leaves_no_half_written_file(home, tmp_path):
+    done = run_tallow(["embed", "tiny-embed"], home=home, input=b"fine words\n\xff\xfe here\n")
+    assert done.returncode == 1 and "line 2 of the input is not valid UTF-8" in done.stderr
+    assert [json.loads(x)["index"] for x in done.stdout.splitlines()] == [0]
+    npy = tmp_path / "v.npy"
+    done = run_tallow(["embed", "tiny-embed", "--format", "npy", "-o", str(npy)], home=home,
+                      input=b"fine words\n\xff\xfe here\n")
+    assert done.returncode == 1 and not npy.exists() and not list(tmp_path.iterdir())
+    empty = run_tallow(["embed", "tiny-embed", "words", " "], home=home)
+    assert empty.returncode == 1 and "text 1 is empty" in empty.stderr and not empty.stdout
+
+
 def _lines_in(path: Path) -> int:
     if not path.exists():
         return 0

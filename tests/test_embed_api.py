@@ -99,7 +99,8 @@ def test_an_input_too_long_is_refused_unless_truncated(server):
     for body, field in (({"model": MINILM, "input": []}, "input"), ({"model": MINILM, "input": "x", "foo": 1}, "foo"),
                         ({"model": MINILM, "input": "x", "encoding_format": "int8"}, "encoding_format"),
                         ({"model": MINILM, "input": [[1, 2], [999999]]}, "input"),
-                        ({"model": MINILM, "input": "x", "dimensions": 385}, "dimensions")):
+                        ({"model": MINILM, "input": "x", "dimensions": 385}, "dimensions"),
+                        ({"model": MINILM, "input": ["x", ""]}, "input")):
         status, _, answer = server.raw("/v1/embeddings", json.dumps(body).encode())
         assert status == 400 and answer["error"]["param"] == field, answer
 
