@@ -56,6 +56,31 @@ def open_embedder(path, settings, max_seqs: int = 64) -> "Embedder":
         raise
 
 
+class SideContext:
+    """An embedding context on an engine's loaded weights, for a chat model's embeddings in
+    serve: the Engine's interface as the Embedder uses it (model, ctx, n_batch, pace)."""
+
+    def __init__(self, engine, n_batch: int, max_seqs: int, pooling: str = "mean") -> None:
+        from . import backend
+        from .types import ContextParams
+
+        self.engine, self.model, self.path = engine, engine.model, engine.path
+        self.ctx = backend.Context(engine.model, ContextParams(
+            n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch, n_threads=engine.n_threads, flash_attn="on",
+            n_seq_max=max_seqs, kv_unified=True, embeddings=True, pooling=POOLING[pooling]))
+        self.n_batch, self.n_ctx = self.ctx.n_batch, self.ctx.n_ctx
+
+    def pace(self) -> None:
+        self.ctx.set_threads(self.engine.n_threads)  # as many as the generating context has now
+
+    def close(self) -> None:
+        self.ctx.close()  # the weights stay: they are the engine's
+
+
+def side_embedder(engine, n_batch: int = 512, max_seqs: int = 16) -> "Embedder":
+    return Embedder(SideContext(engine, n_batch, max_seqs), max_seqs)
+
+
 class Embedder:
     def __init__(self, engine, max_seqs: int) -> None:
         self.engine = engine

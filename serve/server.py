@@ -224,6 +224,9 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
     started = int(time.time())
     relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
     store = ResponseStore(cfg.history)
+    from .embed_server import embed_metrics, embed_routes, side_scheduler  # (it imports this module)
+
+    embedding = side_scheduler(engine)  # a chat model's embeddings, on first use
 
     async def body_of(request: HTTPRequest) -> tuple[dict[str, Any], int]:
         raw = await read_body(request, cfg.max_body)
@@ -333,12 +336,8 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
                              "slots_busy": sched.busy_slots, "queue_depth": sched.queue_depth})
 
     async def metrics(request: HTTPRequest) -> Response:
-        return PlainTextResponse(scheduler_metrics(sched), media_type="text/plain; version=0.0.4")
-
-    async def no_embeddings(request: HTTPRequest) -> Response:
-        raise APIError(f"'{cfg.model}' is a generative model: it declares no pooling, so it serves no embeddings; "
-                       "serve an embedding model (such as all-minilm:l6-v2) for these", param="model",
-                       code="model_not_embedding")
+        page = scheduler_metrics(sched) + "".join(embed_metrics(e, own_tokens=False) for e in embedding.made)
+        return PlainTextResponse(page, media_type="text/plain; version=0.0.4")
 
     async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
         if isinstance(exc, QueueFull):
@@ -348,12 +347,9 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
         return error_response(request.url.path, APIError(exc.message, 400, code=code))
 
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-              Route("/api/chat", ollama, methods=["POST"]), Route("/api/generate", ollama, methods=["POST"]),
-              Route("/api/embed", no_embeddings, methods=["POST"]), Route("/api/embeddings", no_embeddings, methods=["POST"])]
+              Route("/api/chat", ollama, methods=["POST"]), Route("/api/generate", ollama, methods=["POST"])]
     for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
         routes += [
-            Route(f"{prefix}/embeddings", no_embeddings, methods=["POST"]),
-            Route(f"{prefix}/rerank", no_embeddings, methods=["POST"]),
             Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
             Route(f"{prefix}/completions", completions, methods=["POST"]),
             Route(f"{prefix}/responses", responses, methods=["POST"]),
@@ -363,6 +359,7 @@ def create_app(sched: Scheduler, cfg: ServerConfig) -> Starlette:
             Route(f"{prefix}/models", models, methods=["GET"]),
             Route(f"{prefix}/models/{{name:path}}", one_model, methods=["GET"]),
         ]
+    routes += embed_routes(embedding, cfg, limits)
     app = Starlette(routes=routes, middleware=cors(cfg), exception_handlers={**HANDLERS, TallowError: tallow_error})
     return Guard(app, cfg)
 

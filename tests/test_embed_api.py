@@ -158,14 +158,32 @@ def test_rerank_with_an_embedding_model_ranks_by_cosine(server):
     assert answer["results"][-1]["relevance_score"] < answer["results"][0]["relevance_score"]
 
 
+def test_a_chat_model_embeds_too_beside_its_generation(server, home):
+    """A chat model declares no pooling: its runner opens a second, embedding context on the
+    same weights (mean pooling), as tallow embed pools it, while it can still generate."""
+    from tallow.runtime.embed import Shaping, open_embedder
+    from tallow.runtime.types import LoadSettings
+
+    c = server.client()
+    got = c.embeddings.create(model="synth:tiny", input=["the first text", "another one"], encoding_format="float")
+    assert len(got.data) == 2 and len(got.data[0].embedding) == 64
+    e = open_embedder(home / "chat.gguf", LoadSettings(n_batch=512, n_threads=1, pooling="mean"))
+    try:
+        ref = next(e.vectors([e.tokens("the first text")], Shaping()))
+    finally:
+        e.close()
+    assert float(np.dot(got.data[0].embedding, ref)) > 0.9999
+    answer = c.chat.completions.create(model="synth:tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert answer.choices[0].finish_reason in ("length", "stop")
+    assert ollama.Client(host=server.url, timeout=120).embed(model="synth:tiny", input="hi").embeddings
+    assert 'tallow_embed_inputs_total{model="synth:tiny"} 3' in server.raw("/metrics")[2]
+
+
 def test_each_kind_of_model_refuses_the_other_kind_of_route(server):
     c = server.client()
     with pytest.raises(openai.BadRequestError) as gen:
         c.chat.completions.create(model=MINILM, messages=[{"role": "user", "content": "hi"}])
     assert "is an embedding model" in str(gen.value)
-    with pytest.raises(openai.BadRequestError) as emb:
-        c.embeddings.create(model="synth:tiny", input="hi")
-    assert "declares no pooling" in str(emb.value)
     with pytest.raises(openai.BadRequestError) as rr:
         c.embeddings.create(model="tiny-rerank", input="hi")
     assert "reranker" in str(rr.value)
