@@ -40,8 +40,7 @@ def embed(
     Example: tallow embed all-minilm:l6-v2 --index notes.sqlite < notes.txt
     """
     from tallow.runtime.embed import Shaping
-    from tallow.serve.embed_run import FORMATS, EmbedStats, IndexSink, JsonlSink, WholeSink, numbered_lines, resume_after
-    from tallow.serve.vector_index import VectorIndex
+    from tallow.serve.embed_run import FORMATS, EmbedStats, numbered_lines, open_sink, run_embed
 
     from .models import open_embedder
 
@@ -53,6 +52,9 @@ def embed(
         raise TallowError("a .npy file is binary", "give -o FILE.npy, or redirect stdout")
     if output is not None and output.is_dir():
         raise typer.BadParameter(f"{output} is a folder", param_hint="--output")
+    if texts and any(not t.strip() for t in texts):
+        raise TallowError(f"text {next(i for i, t in enumerate(texts) if not t.strip())} is empty",
+                          "every text needs some words")
     local, embedder = open_embedder(model, o.embed_settings(threads, gpu_layers, pooling, batch_size), offline)
     try:
         embedder.check_dimensions(dimensions)
@@ -60,39 +62,18 @@ def embed(
             raise TallowError(f"{local.name} is a reranker (pooling rank): it scores pairs, it makes no vectors",
                               "serve it and use /v1/rerank, or embed with --pooling mean")
         shaping = Shaping(normalize=not no_normalize, dimensions=dimensions)
-        if texts and any(not t.strip() for t in texts):
-            raise TallowError(f"text {next(i for i, t in enumerate(texts) if not t.strip())} is empty",
-                              "every text needs some words")
         inputs = enumerate(texts) if texts else numbered_lines(sys.stdin.buffer)
-        start, skip, stats = 0, (lambda i, t: False), EmbedStats()
-        if index is not None:
-            vi = VectorIndex(index, create=True)
-            vi.bind({"model": local.name, "model_sha256": local.sha256 or "", "pooling": embedder.pooling,
-                     "dimensions": str(dimensions or embedder.width), "normalized": str(not no_normalize).lower()})
-            sink, skip, closing = IndexSink(vi), (lambda i, t: vi.has(t)), vi
-        elif fmt == "jsonl":
-            if output is not None:
-                start = resume_after(output)
-                skip = lambda i, t: i < start  # noqa: E731
-                closing = open(output, "a", encoding="utf-8", newline="\n")
-            else:
-                closing = contextlib.nullcontext(sys.stdout)
-                closing.close = lambda: None  # type: ignore[attr-defined]
-            sink = JsonlSink(closing if output is not None else sys.stdout, with_text=not no_text)
-        else:
-            sink = closing = WholeSink(fmt, output, with_text=not no_text)
-            closing.close = lambda: None  # type: ignore[attr-defined]
-        from tallow.serve.embed_run import run_embed
-
+        meta = {"model": local.name, "model_sha256": local.sha256 or "", "pooling": embedder.pooling,
+                "dimensions": str(dimensions or embedder.width), "normalized": str(not no_normalize).lower()}
+        sink, skip = open_sink(fmt, output, index, meta, with_text=not no_text)
+        stats = EmbedStats()
         try:
             with _progress() as show:
                 run_embed(embedder, inputs, sink, shaping, truncate, stats, skip, show)
         except BaseException:
-            if isinstance(sink, WholeSink):
-                sink.abandon()
+            sink.abandon()
             raise
-        finally:
-            closing.close()
+        sink.close()
     finally:
         embedder.close()
     where = f" into {index}" if index else f" to {output}" if output else ""

@@ -25,7 +25,7 @@ class EmbedQueueFull(TallowError):
     pass
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: two requests with the same inputs are two jobs
 class EmbedJob:
     inputs: list[list[int]]
     on_done: Callable[[object], None]  # called once, from the worker: list of vectors, or an exception

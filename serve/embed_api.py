@@ -19,7 +19,6 @@ from tallow.runtime.embed_scheduler import EmbedQueueFull, EmbedScheduler
 
 from .fields import APIError, check_fields, flag, number
 
-EMBED_ROUTES = ("/embeddings", "/rerank")  # under /v1 and bare, like the other OpenAI routes
 OLLAMA_EMBED_ROUTES = ("/api/embed", "/api/embeddings")
 MAX_INPUTS = 2048  # per request (OpenAI's limit)
 
@@ -136,7 +135,8 @@ def parse_rerank(body: dict, embedder) -> tuple[str, list[str], EmbedRequest, in
     if embedder.ranks:
         inputs = _fitted(embedder, None, [embedder.pair(query, t) for t in texts], truncate, "documents")
     else:
-        inputs = _fitted(embedder, [query, *texts], None, truncate, "documents")
+        inputs = _fitted(embedder, [query], None, truncate, "query") + _fitted(embedder, texts, None, truncate,
+                                                                            "documents")
     return query, texts, EmbedRequest(inputs, texts, Shaping(True, None)), top_n, flag(body, "return_documents")
 
 

@@ -72,8 +72,8 @@ def resume_after(out: Path) -> int:
 
 
 class JsonlSink:
-    def __init__(self, out, with_text: bool) -> None:
-        self.out, self.with_text = out, with_text
+    def __init__(self, out, with_text: bool, owned: bool = False) -> None:
+        self.out, self.with_text, self.owned = out, with_text, owned
 
     def add(self, index: int, text: str, vector) -> None:
         record = {"index": index, **({"text": text} if self.with_text else {}), "embedding": vector.tolist()}
@@ -84,6 +84,12 @@ class JsonlSink:
 
     def finish(self) -> None:
         self.out.flush()
+
+    def close(self) -> None:
+        if self.owned:
+            self.out.close()
+
+    abandon = close  # every line written is whole: the file is the resume point
 
 
 class WholeSink:
@@ -146,6 +152,9 @@ class WholeSink:
         self.f.close()
         self.tmp.unlink(missing_ok=True)
 
+    def close(self) -> None:
+        pass  # finish() moved the file into place
+
 
 class IndexSink:
     def __init__(self, index) -> None:
@@ -161,6 +170,37 @@ class IndexSink:
 
     def finish(self) -> None:
         self.flush()
+
+    def close(self) -> None:
+        self.index.close()
+
+    abandon = close  # rows are committed a chunk at a time: what is there stays
+
+
+def open_sink(fmt: str, output: Path | None, index: Path | None, meta: dict[str, str], with_text: bool):
+    """(sink, skip) for a run: into the index (skipping texts it holds, after checking
+    `meta` against it), appended to a JSONL file (skipping indexes it holds), to stdout,
+    or a whole JSON / npy file. Every sink has add, flush, finish, close and abandon."""
+    from .vector_index import VectorIndex
+
+    if index is not None:
+        vi = VectorIndex(index, create=True)
+        try:
+            vi.bind(meta)
+        except BaseException:
+            vi.close()
+            raise
+        return IndexSink(vi), (lambda i, t: vi.has(t))
+    if fmt != "jsonl":
+        return WholeSink(fmt, output, with_text), (lambda i, t: False)
+    if output is None:
+        return JsonlSink(sys.stdout, with_text), (lambda i, t: False)
+    start = resume_after(output)
+    try:
+        out = open(output, "a", encoding="utf-8", newline="\n")
+    except OSError as exc:
+        raise TallowError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    return JsonlSink(out, with_text, owned=True), (lambda i, t: i < start)
 
 
 def run_embed(embedder: Embedder, inputs: Iterable[tuple[int, str]], sink, shaping: Shaping, truncate: bool,
