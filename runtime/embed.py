@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from tallow.common.errors import TallowError
-from tallow.models.bert_import import POOLING
-
-NAMES = {v: k for k, v in POOLING.items()}
+from tallow.models.bert_import import POOLING, POOLING_NAMES as NAMES
 
 
 class InputTooLong(TallowError):
@@ -93,7 +91,6 @@ class Embedder:
         self.width = model.n_cls_out if self.ranks else model.n_embd
         self.max_tokens = min(model.n_ctx_train or ctx.n_batch, ctx.n_batch)  # one input
         self.max_seqs = max_seqs
-        self.causal = model.meta(f"{model.meta('general.architecture')}.attention.causal") != "false"
 
     # -- tokens -------------------------------------------------------------------------
     def tokens(self, text: str) -> list[int]:

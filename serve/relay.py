@@ -22,7 +22,8 @@ from .fields import APIError, parse_json
 from .runners import Pool, Runner, parse_keep_alive
 from .server import too_large
 
-OLLAMA_ROUTES = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings")  # all take keep_alive
+GENERATE_ROUTES = ("/api/chat", "/api/generate")  # an empty prompt loads, keep_alive 0 unloads
+OLLAMA_ROUTES = (*GENERATE_ROUTES, "/api/embed", "/api/embeddings")  # all take keep_alive
 PASSED_HEADERS = ("retry-after",)  # from a runner's whole answer to the client
 STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -39,7 +40,7 @@ class Relay:
         body = parse_json(raw)
         local = self.catalog.find(body.get("model") or self.default_model or _missing_model())
         keep = _keep_alive(body) if path in OLLAMA_ROUTES else "default"
-        if path in OLLAMA_ROUTES[:2] and not (body.get("messages") if path == "/api/chat" else body.get("prompt")):
+        if path in GENERATE_ROUTES and not (body.get("messages") if path == "/api/chat" else body.get("prompt")):
             return await self._load_or_unload(send, local.name, path == "/api/chat", keep)
         if body.get("model") != local.name:  # the runner answers to its model's own name
             body["model"] = local.name
