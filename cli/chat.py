@@ -55,18 +55,30 @@ def chat(
     stats: o.Stats = False,
     quiet: o.Quiet = False,
     offline: o.Offline = False,
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
 ) -> None:
     """Chat with a model, reusing the cache turn after turn.
 
-    Each turn evaluates only what is new: the KV cache holds everything said before.
+    Each turn evaluates only what is new: the KV cache holds everything said before. With
+    --endpoint, a server answers; the history stays here and is logged as usual.
 
     Example: tallow chat smollm2:135m --system "Answer briefly."
     """
-    load = o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
+    remote = o.endpoints(endpoint, api_key, offline)
+    if remote:
+        o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
+                        "--on-overflow": on_overflow != "drop"})
+    grammar, schema = o.structured(format_, json_schema)
     chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
-                                 grammar=o.structured(format_, json_schema)[0])
-    name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
+                                 grammar=grammar)
+    if remote:
+        name, engine = model, o.remote_engine(remote[0], model, format_, schema)
+    else:
+        load = o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
+        name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
              show_stats=not quiet and (stats or stderr_is_terminal()))
@@ -202,10 +214,12 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
             f"min_p {s.min_p}, repeat_penalty {s.repeat_penalty}, seed {s.seed}, max_tokens {conv.settings.max_tokens}, "
             f"draft {conv.settings.draft or 'off'}, logprobs "
             f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
-            f"context {conv.context_used()} / {conv.engine.n_ctx} tokens", markup=False, soft_wrap=True)
+            + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.n_ctx is not None
+               else f"context: held by the server at {conv.engine.endpoint.url}"), markup=False, soft_wrap=True)
     elif cmd == "/stats":
         st = conv.summary()
-        say(f"turns {st['turns']} · tokens in {st['prompt_tokens']} ({st['cached_tokens']} from cache) · "
+        shown = {k: "not reported" if st[k] is None else st[k] for k in ("prompt_tokens", "cached_tokens")}
+        say(f"turns {st['turns']} · tokens in {shown['prompt_tokens']} ({shown['cached_tokens']} from cache) · "
             f"out {st['completion_tokens']} ({st['reasoning_tokens']} reasoning) · mean TTFT {st['mean_ttft_ms']:.0f} ms · "
             f"mean decode {st['mean_decode_tps']:.1f} tok/s", soft_wrap=True)
     elif cmd in ("/save", "/load"):

@@ -44,6 +44,47 @@ Parallel = Annotated[int, typer.Option("--parallel", "-p", min=1, max=256, help=
 Deterministic = Annotated[bool, typer.Option("--deterministic", help="Answers that do not depend on the other requests in the batch (slower; see the README).")]
 KvUnified = Annotated[bool, typer.Option("--kv-unified", help="One KV buffer for all sequences, so one request may use all of --ctx (requests wait for room); default: --ctx split evenly.")]
 OnOverflow = Annotated[str, typer.Option("--on-overflow", help="When the conversation outgrows the context: drop (the oldest turns, with a notice) or error.")]
+Endpoint = Annotated[Optional[list[str]], typer.Option("--endpoint", help="Send the requests to this OpenAI-compatible server (its base URL, e.g. http://127.0.0.1:8080/v1) instead of a local engine (also TALLOW_ENDPOINT).", show_default=False)]
+EndpointKey = Annotated[Optional[str], typer.Option("--api-key", help="With --endpoint: the server's API key, sent as a Bearer token (also TALLOW_ENDPOINT_KEY).", show_default=False)]
+
+
+def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool = False) -> list:
+    """The servers --endpoint (or TALLOW_ENDPOINT) names, checked; [] for the local engine.
+    Offline, a host that is not this machine is refused before anything connects."""
+    from tallow.serve.remote import Endpoint
+
+    from . import settings
+
+    urls = list(urls or []) or settings.endpoints()
+    if len(urls) > 1 and not many:
+        raise typer.BadParameter("give one server (tallow batch spreads over several)", param_hint="--endpoint")
+    if len(set(urls)) != len(urls):
+        raise typer.BadParameter("the same server is named twice", param_hint="--endpoint")
+    if key is not None and not urls:
+        raise typer.BadParameter("an API key is for an --endpoint server: give --endpoint", param_hint="--api-key")
+    key = key or settings.endpoint_key()
+    return [Endpoint.parse(u, key, offline or settings.offline()) for u in urls]
+
+
+def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False):
+    """The server in the place of the local engine (serve/remote_engine.py), with --format /
+    --json-schema sent as OpenAI's response_format (the answer is still checked here)."""
+    from tallow.serve.remote_engine import RemoteEngine
+
+    fmt = None
+    if schema is not None:
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    elif format_ == "json":
+        fmt = {"type": "json_object"}
+    return RemoteEngine(endpoint, model, fmt, allow_logprobs)
+
+
+def refuse_local(given: dict[str, bool]) -> None:
+    """With --endpoint, a flag of the local engine would be silently ignored: refuse it by name."""
+    for flag, used in given.items():
+        if used:
+            raise typer.BadParameter(f"{flag} sets the local engine; with --endpoint the server decides it",
+                                     param_hint=flag)
 
 
 def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):

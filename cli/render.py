@@ -92,14 +92,16 @@ def human_count(n: int | None) -> str:
 
 def stats_line(final: FinalEvent) -> str:
     u, t = final.usage, final.timings
+    cached = "cached: not reported" if u.cached_tokens is None else \
+        f"{u.cached_tokens} cached{' from disk' if u.cache_source == 'disk' else ''}"
     parts = [
-        f"prompt {u.prompt_tokens} tok ({u.cached_tokens} cached{' from disk' if u.cache_source == 'disk' else ''})",
+        f"prompt {u.prompt_tokens} tok ({cached})" if u.prompt_tokens is not None else f"prompt: not reported ({cached})",
         f"TTFT {t.ttft_ms:.0f} ms",
-        f"prefill {t.prefill_tps:.1f} tok/s",
+        f"prefill {t.prefill_tps:.1f} tok/s" if u.prompt_tokens is not None else "prefill: not reported",
         f"output {u.completion_tokens} tok",
         f"decode {t.decode_tps:.1f} tok/s",
         f"ITL p50 {t.itl_percentile(50):.1f} ms p95 {t.itl_percentile(95):.1f} ms",
-        f"load {t.load_ms:.0f} ms",
+        f"load {t.load_ms:.0f} ms" if final.source is None else f"via {final.source} (measured here)",
     ]
     if u.draft_tokens:
         parts.append(f"draft {u.accepted_tokens}/{u.draft_tokens} accepted ({u.acceptance:.0%})")

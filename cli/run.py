@@ -67,24 +67,37 @@ def run(
     tool_format: o.ToolFormat = "auto",
     continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
     cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
 ) -> None:
     """Run a model on one prompt and stream the answer.
+
+    With --endpoint, an OpenAI-compatible server answers (MODEL is its name for the model)
+    and the stats are measured here.
 
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
     if logprobs is not None and not as_json:
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
+    remote = o.endpoints(endpoint, api_key, offline)
+    if remote:
+        o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
+                        "--tools": tools_file is not None, "--tool-format": tool_format != "auto"})
     tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
-    load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
     sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
     text, document = (None, None) if interactive else read_prompt(prompt)
-    if not interactive:
-        load = o.one_shot(load, text, max_tokens, draft is not None)
-    name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
+    if remote:
+        name, engine = model, o.remote_engine(remote[0], model, format_, schema, allow_logprobs=True)
+    else:
+        load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
+        if not interactive:
+            load = o.one_shot(load, text, max_tokens, draft is not None)
+        name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
     with engine:
         if interactive:
             from tallow.runtime.chat import ChatSettings, Conversation
@@ -109,7 +122,9 @@ def run(
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
             if tool_spec is not None:
                 out.update(_calls(request, final, _tool_choice(engine, tool_spec)))
-            if logprobs is not None:
+            if logprobs is not None and remote:
+                out["logprobs"] = {"content": engine.last.logprobs}  # as the server gave them
+            elif logprobs is not None:
                 from tallow.serve.openai_api import token_logprob
 
                 out["logprobs"] = {"content": [token_logprob(ev, engine.model.piece) for ev in tokens]}

@@ -47,6 +47,7 @@ def serve(
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
     model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N' (repeatable).", show_default=False),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
     offline: o.Offline = False,
 ) -> None:
     """Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.
@@ -54,7 +55,7 @@ def serve(
     Each loaded model runs in a runner process of its own; a request that names a stored
     model loads it. POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
     /api/chat and /api/generate (streamed or whole, with tools); GET /v1/models, /api/tags,
-    /api/ps, /health and /metrics (Prometheus).
+    /api/ps, /health, /ready and /metrics (Prometheus). SIGTERM drains, then exits 0.
 
     \b
     Examples:
@@ -62,6 +63,7 @@ def serve(
       tallow serve --max-models 2 --keep-alive 10m
     """
     from tallow.serve.hub import HubConfig, create_hub
+    from tallow.serve.replica import Replica
     from tallow.serve.server import ServerConfig, is_loopback
 
     forced_format = o.parse_tool_format(tool_format)
@@ -93,12 +95,18 @@ def serve(
 
             guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
                                  max_body=max_body, history=history)
-            app = create_hub(pool, catalog, HubConfig(guard, names[0] if names else None, version("tallow")))
-            bound = sock.getsockname()
-            shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-            what = ", ".join(_loaded_line(r) for r in pool.loaded()) or "every stored model, loaded on demand"
-            err_console().print(f"serving {what} on http://{shown}:{bound[1]}", soft_wrap=True)
-            run_uvicorn(app, sock)
+            replica = Replica()
+            app = create_hub(pool, catalog, HubConfig(guard, names[0] if names else None, version("tallow")), replica)
+
+            def start() -> None:  # while the server already answers /health and /ready (not ready yet)
+                _preload(pool, names)
+                replica.started()
+                bound = sock.getsockname()
+                shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+                what = ", ".join(_loaded_line(r) for r in pool.loaded()) or "every stored model, loaded on demand"
+                err_console().print(f"serving {what} on http://{shown}:{bound[1]}", soft_wrap=True)
+
+            run_uvicorn(app, sock, start, replica, drain_timeout)
         finally:
             pool.close()
 
@@ -139,8 +147,8 @@ def _model_options(values: list[str]) -> dict[str, dict]:
 
 def _start_pool(models: list[str], base: dict, per_model: dict, private: str, max_models: int, budget, keep,
                 offline: bool, aliases: tuple[str, ...]):
-    """The runner pool and the catalog, with the models named at start loaded (pulled first
-    if they are known but not stored, as `tallow run` does)."""
+    """The runner pool and the catalog, with the models named at start found (pulled first
+    if they are known but not stored, as `tallow run` does); `_preload` loads them."""
     from tallow.models.memory import available_memory
     from tallow.models.refs import PathRef, parse_ref
     from tallow.serve.catalog import Catalog
@@ -181,14 +189,14 @@ def _start_pool(models: list[str], base: dict, per_model: dict, private: str, ma
                              socket_dir=Path(private), max_models=max_models, budget=budget, keep_alive=keep,
                              model_arg=runner_model),
                 lambda name: _need(catalog.find(name).paths, config_for(name)), available_memory, _log)
-    try:
-        for name in names:
-            runner, _ = pool.acquire(name, pinned=True)
-            pool.release(runner)
-    except BaseException:
-        pool.close()
-        raise
     return pool, catalog, names
+
+
+def _preload(pool, names: list[str]) -> None:
+    """Load the models named at start, kept loaded until a request says otherwise."""
+    for name in names:
+        runner, _ = pool.acquire(name, pinned=True)
+        pool.release(runner)
 
 
 def _need(paths, conf: dict):
@@ -231,12 +239,47 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_uvicorn(app, sock: socket.socket) -> None:
+def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: float = 30.0) -> None:
+    """Serve `app` on `sock` until a signal stops it. `start` runs in a thread once the loop
+    is about to answer (its exception ends the server and is raised here). With a `replica`
+    (serve/replica.py), SIGTERM drains: new requests get 503 while those in flight finish, for
+    up to `drain_s` seconds, then this returns (exit 0); a second SIGTERM, or Ctrl-C, stops at once."""
+    import signal
+    import threading
+
     import uvicorn
 
+    class Server(uvicorn.Server):
+        drained = False
+
+        def handle_exit(self, sig, frame) -> None:
+            if replica is None or sig != signal.SIGTERM or replica.draining:
+                return super().handle_exit(sig, frame)
+            replica.drain()
+            threading.Thread(target=self.finish_drain, name="tallow-drain", daemon=True).start()
+
+        def finish_drain(self) -> None:
+            replica.wait_idle(drain_s)
+            self.drained = True
+            self.should_exit = True
+
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = Server(config)
+    failed: list[BaseException] = []
+    if start is not None:
+        def starter() -> None:
+            try:
+                start()
+            except BaseException as exc:  # noqa: BLE001 - raised again on the main thread
+                failed.append(exc)
+                server.should_exit = True
+
+        threading.Thread(target=starter, name="tallow-start", daemon=True).start()
     server.run(sockets=[sock])
+    if failed:
+        raise failed[0]
+    if server.drained:
+        return
     if server.should_exit:
         # uvicorn takes Ctrl-C itself and returns after a graceful shutdown (newer versions
         # raise the signal again afterwards, older ones do not): either way it is an

@@ -34,9 +34,12 @@ MACHINE = Setting("TALLOW_MACHINE_CACHE", "$TALLOW_HOME/cache/machine.json",
                   "what tallow measured about this machine (repack probe, flash-attention timings)")
 HOST = Setting("TALLOW_HOST", "127.0.0.1:8080", "the server `tallow ps` and `tallow stop` talk to (host:port)")
 KEEP_ALIVE = Setting("TALLOW_KEEP_ALIVE", "5m", "how long `tallow serve` keeps an idle model loaded (same as --keep-alive)")
+ENDPOINT = Setting("TALLOW_ENDPOINT", "none (the local engine)",
+                   "an OpenAI-compatible server for run, chat, batch, bench and embed (same as --endpoint)")
+ENDPOINT_KEY = Setting("TALLOW_ENDPOINT_KEY", "none", "the API key sent to --endpoint servers (same as --api-key)")
 
 REGISTRY = [HOME, MODELS, OFFLINE, DEBUG, CONTEXT, NO_LOG, CACHE_MAX, CACHE_MIN, API_KEY, CPU_REPACK, MACHINE, HOST,
-            KEEP_ALIVE]
+            KEEP_ALIVE, ENDPOINT, ENDPOINT_KEY]
 # Test hooks, not user settings (docs/DESIGN.md, "Calibration"): make the probe child crash or
 # hang ("crash", "hang"), or probe where no type needs it ("probe"); and its time limit.
 TEST_PROBE = "TALLOW_TEST_PROBE"
@@ -185,6 +188,15 @@ def hub_token() -> str | None:
 
 def api_key() -> str | None:
     return API_KEY.raw() or None
+
+
+def endpoints() -> list[str]:
+    """TALLOW_ENDPOINT: one URL, or several separated by commas or spaces (batch spreads over them)."""
+    return [u for u in ENDPOINT.raw().replace(",", " ").split() if u]
+
+
+def endpoint_key() -> str | None:
+    return ENDPOINT_KEY.raw() or None
 
 
 def debug() -> bool:

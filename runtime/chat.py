@@ -30,6 +30,13 @@ def _logprobs(value: str) -> int | None:
     return n
 
 
+def _reported_sum(values) -> int | None:
+    """The sum of the figures reported; None when no turn reported one (a remote server)."""
+    values = list(values)
+    known = [v for v in values if v is not None]
+    return sum(known) if known or not values else None
+
+
 SETTABLE = {
     "temperature": float, "top_k": int, "top_p": float, "min_p": float,
     "repeat_penalty": float, "seed": int, "max_tokens": int, "draft": _draft, "logprobs": _logprobs,
@@ -38,8 +45,8 @@ SETTABLE = {
 
 @dataclass
 class TurnStats:
-    prompt_tokens: int
-    cached_tokens: int
+    prompt_tokens: int | None  # None: a remote server did not report it
+    cached_tokens: int | None
     completion_tokens: int
     reasoning_tokens: int
     ttft_ms: float
@@ -88,7 +95,8 @@ class Conversation:
                                           save_prompt=False, cache_prefixes=[head] if head else [],
                                           draft=self.settings.draft, logprobs=self.settings.logprobs,
                                           grammar=self.settings.grammar)
-            if len(request.prompt_tokens) + self._reserve() <= self.engine.n_ctx:
+            if self.engine.n_ctx is None or len(request.prompt_tokens) + self._reserve() <= self.engine.n_ctx:
+                # (None: a remote server holds the context and says itself when it overflows)
                 return request, dropped
             if self.settings.on_overflow == "error" or len(self.messages) < 2:
                 raise ContextOverflow(
@@ -163,8 +171,8 @@ class Conversation:
         decode = [s.decode_tps for s in self.stats if s.decode_tps]
         return {
             "turns": n,
-            "prompt_tokens": sum(s.prompt_tokens for s in self.stats),
-            "cached_tokens": sum(s.cached_tokens for s in self.stats),
+            "prompt_tokens": _reported_sum(s.prompt_tokens for s in self.stats),
+            "cached_tokens": _reported_sum(s.cached_tokens for s in self.stats),
             "completion_tokens": sum(s.completion_tokens for s in self.stats),
             "reasoning_tokens": sum(s.reasoning_tokens for s in self.stats),
             "mean_ttft_ms": sum(s.ttft_ms for s in self.stats) / n if n else 0.0,

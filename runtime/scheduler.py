@@ -147,6 +147,7 @@ class Stats:
     ttft: Histogram = field(default_factory=Histogram.latency)
     itl: Histogram = field(default_factory=Histogram.latency)
     steps: int = 0
+    rejected: int = 0  # requests refused because the queue was full
 
 
 class Scheduler:
@@ -199,6 +200,7 @@ class Scheduler:
             if self._closing:
                 raise QueueFull("the server is shutting down")
             if len(self._waiting) >= self.settings.max_queue:
+                self.stats.rejected += 1
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting", "try again shortly")
             self._waiting.append(job)
             self._cond.notify()

@@ -75,8 +75,8 @@ class Request:
 
 @dataclass
 class Usage:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
+    prompt_tokens: int | None = 0  # None: a remote server did not report it (serve/remote.py)
+    cached_tokens: int | None = 0  # None: not reported
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # part of completion_tokens spent inside a reasoning block
     cache_source: str | None = None  # where cached_tokens came from: "memory" or "disk"
@@ -154,9 +154,12 @@ class FinalEvent:
     reasoning: str = ""  # the whole reasoning: the TokenEvents' reasoning, then `reasoning_tail`
     reasoning_tail: str = ""
     stop_sequence: str | None = None  # the stop string that ended the answer, if one did
+    source: str | None = None  # the endpoint that answered, when remote: the timings are then the client's
 
     def to_dict(self) -> dict:
         out = {"finish_reason": self.finish_reason, "usage": asdict(self.usage), "timings": self.timings.summary()}
+        if self.source is not None:
+            out["endpoint"] = self.source
         if self.reasoning:
             out["reasoning"] = self.reasoning
         return out

@@ -77,7 +77,7 @@ def previous_results(out: Path, retry_failed: bool = False) -> Previous:
             continue
         kept.append(raw)
         if record.get("id") is not None:
-            (found.failed_ids if failed else found.ids).add(_key(record["id"]))
+            (found.failed_ids if failed else found.ids).add(record_key(record["id"]))
         if failed and isinstance(record.get("line"), int):
             found.failed_lines.add(record["line"])
     found.failed_ids -= found.ids
@@ -88,7 +88,8 @@ def previous_results(out: Path, retry_failed: bool = False) -> Previous:
     return found
 
 
-def _key(value: Any) -> str:
+def record_key(value: Any) -> str:
+    """An id as the output file's records are matched on (1 and "1" differ)."""
     return json.dumps(value)
 
 
@@ -145,8 +146,8 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             rid = None
             try:
                 body = parse_json(text.encode("utf-8"), "the line")
-                rid, body = _id_and_body(body)
-                key = _key(rid)
+                rid, body = id_and_body(body)
+                key = record_key(rid)
                 if key in seen:
                     raise APIError(f"the id {key} appears twice in the input")
                 seen.add(key)
@@ -212,7 +213,7 @@ def _ends_to(results: queue.Queue, lineno: int, piece, logprobs: bool) -> Callab
     return on_event
 
 
-def _id_and_body(line: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def id_and_body(line: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if "custom_id" in line and isinstance(line.get("body"), dict):  # OpenAI's Batch API format
         rid, body = line["custom_id"], line["body"]
     else:

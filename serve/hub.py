@@ -4,7 +4,8 @@ The front holds no model. It checks the request (Host, API key, body size: the s
 a runner's), finds the model the body names (serve/catalog.py), gets its runner from the pool
 (serve/runners.py, starting it if needed) and relays the request to it over the runner's Unix
 socket (serve/upstream.py), chunk by chunk. It answers itself what needs no model: Ollama's
-model management, /api/ps, the model lists, stored responses, /health and /metrics.
+model management, /api/ps, the model lists, stored responses, /health, /ready (serve/replica.py)
+and /metrics.
 
 A runner that dies mid-answer ends that answer with an error in the route's own shape (an
 SSE error event, an Ollama error line, or a 500 before anything was sent); the next request
@@ -31,8 +32,9 @@ from tallow.common.errors import TallowError
 from . import upstream
 from .catalog import Catalog
 from .fields import APIError, parse_json
-from .metrics import gauge, merge_pages
+from .metrics import counter, gauge, merge_pages
 from .relay import OLLAMA_ROUTES, Relay
+from .replica import Replica
 from .runners import Pool, Runner
 from .server import HANDLERS, Guard, ResponseStore, ServerConfig, cors, error_response, read_body
 
@@ -47,7 +49,9 @@ class HubConfig:
     version: str = "0"
 
 
-def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
+def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig, replica: Replica | None = None):
+    """The front's app; `replica` is its state as one replica among several (serve/replica.py)."""
+    replica = replica or Replica()
     started = int(time.time())
     stored = ResponseStore(cfg.guard.history)
     max_body = cfg.guard.max_body
@@ -130,18 +134,31 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
     async def health(request: HTTPRequest) -> Response:
         pages = {n: json.loads(p) for n, p in (await runner_pages("/health")).items()}
         total = {k: sum(p.get(k, 0) for p in pages.values()) for k in ("slots", "slots_busy", "queue_depth")}
-        return JSONResponse({"status": "ok", "model": cfg.default_model, "models": sorted(pages), **total})
+        return JSONResponse({"status": "draining" if replica.draining else "ok", "model": cfg.default_model,
+                             "models": sorted(pages), **total})
+
+    async def ready(request: HTTPRequest) -> Response:
+        ok, why = replica.readiness(pool.loading())
+        body = {"ready": ok, **({"reason": why} if why else {})}
+        return JSONResponse(body, 200 if ok else 503, headers=None if ok else {"Retry-After": "1"})
 
     async def metrics(request: HTTPRequest) -> Response:
         pages = {n: p.decode() for n, p in (await runner_pages("/metrics")).items()}
         own = gauge("tallow_models_loaded", "Models loaded (runner processes)", len(pool.loaded()))
         own += gauge("tallow_runner_crashes_total", "Runners that died without being stopped", pool.crashes)
+        own += gauge("tallow_ready", "1 when this replica takes new requests (GET /ready)",
+                     1 if replica.readiness(pool.loading())[0] else 0)
+        own += gauge("tallow_draining", "1 while stopping: new requests are refused", 1 if replica.draining else 0)
+        own += gauge("tallow_http_requests_in_flight", "Requests being answered (probes not counted)", replica.inflight)
+        own += counter("tallow_requests_refused_draining_total", "Requests refused with 503 while draining",
+                       replica.refused)
         return PlainTextResponse(merge_pages(pages) + "\n".join(own) + "\n", media_type="text/plain; version=0.0.4")
 
     async def tallow_error(request: HTTPRequest, exc: TallowError) -> Response:
         return error_response(request.url.path, APIError(exc.message, 500, kind="server_error"))
 
     routes = [Route("/", root, methods=["GET", "HEAD"]), Route("/health", health, methods=["GET"]),
+              Route("/ready", ready, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"]), Route("/api/version", version, methods=["GET"]),
               Route("/api/tags", tags, methods=["GET"]), Route("/api/show", show, methods=["POST"]),
               Route("/api/ps", ps, methods=["GET"]), Route("/api/delete", delete, methods=["DELETE"]),
@@ -154,7 +171,7 @@ def create_hub(pool: Pool, catalog: Catalog, cfg: HubConfig):
                    Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/models/{{name:path}}", one_model, methods=["GET"])]
     app = Starlette(routes=routes, middleware=cors(cfg.guard), exception_handlers={**HANDLERS, TallowError: tallow_error})
-    return Guard(app, cfg.guard)
+    return Guard(app, cfg.guard, replica)
 
 
 async def _pull_lines(catalog: Catalog, name: Any):

@@ -187,6 +187,11 @@ class Pool:
                 self._stop(runner, "unloaded")
             return True
 
+    def loading(self) -> list[str]:
+        """The models whose runners are starting now."""
+        with self.lock:
+            return [r.name for r in self.runners.values() if r.state == "loading"]
+
     def loaded(self) -> list[Runner]:
         with self.lock:
             return [r for r in self.runners.values() if r.state == "ready"]

@@ -4,8 +4,8 @@ It only checks requests, queues them and relays events: the engine thread does t
 Three APIs share one path from request to answer (serve/streams.py): OpenAI's chat and
 text completions, OpenAI's Responses and Anthropic's Messages, each also without the /v1
 prefix that clients given a bare base URL use. Security checks run before routing: the
-Host header (DNS rebinding), the API key (Bearer or x-api-key; /health needs none, for
-probes), and the body size; CORS headers only for origins named with --cors.
+Host header (DNS rebinding), the API key (Bearer or x-api-key; /health and /ready need
+none, for probes), and the body size; CORS headers only for origins named with --cors.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from tallow.common.errors import TallowError
 from tallow.runtime.errors import ContextOverflow
 from . import anthropic_api, ollama_api, responses_api
 from .metrics import scheduler_metrics
+from .replica import PROBES
 from .openai_api import APIError, Limits, parse_chat, parse_completion, parse_json, to_request
 from .streams import ChatAdapter, MessagesAdapter, ResponsesAdapter
 from tallow.runtime.scheduler import Failure, QueueFull, Scheduler
 from tallow.runtime.types import FinalEvent, TokenEvent
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OPEN_PATHS = ("/health", "/ready")  # no API key: load balancers and probes cannot send one
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ def _host_name(header: str) -> str:
 class Guard:
     """ASGI middleware: Host check, API key and body size, before any route runs."""
 
-    def __init__(self, app, cfg: ServerConfig) -> None:
+    def __init__(self, app, cfg: ServerConfig, replica=None) -> None:
         self.app, self.cfg = app, cfg
+        self.replica = replica  # serve/replica.py: the front counts requests and refuses them while draining
         self.check_host = is_loopback(cfg.host)
         self.key = cfg.api_key.encode() if cfg.api_key else None
 
@@ -88,7 +91,7 @@ class Guard:
         if self.check_host and _host_name(headers.get("host", "")).lower() not in LOOPBACK:
             err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
             return await _error(scope, receive, send, err)
-        if self.key is not None and scope["method"] != "OPTIONS" and scope["path"] != "/health":
+        if self.key is not None and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
             auth = headers.get("authorization", "")
             given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
             given = given or headers.get("x-api-key", "").strip().encode()  # Anthropic's clients
@@ -99,7 +102,16 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body):
             return await _error(scope, receive, send, too_large(self.cfg.max_body))
-        return await self.app(scope, receive, send)
+        if self.replica is None or scope["path"] in PROBES:
+            return await self.app(scope, receive, send)
+        if not self.replica.admit():
+            err = APIError("this server is shutting down and takes no new requests", 503, code="draining",
+                           kind="server_error")
+            return await error_response(scope["path"], err, {"Retry-After": "1"})(scope, receive, send)
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.replica.done()
 
 
 def too_large(limit: int) -> APIError:
