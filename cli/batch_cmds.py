@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -32,6 +33,10 @@ def batch(
     no_cache: o.NoCache = False,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Take the error records out of the output and run those requests again."),
     offline: o.Offline = False,
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
+    retries: int = typer.Option(6, "--retries", min=0, max=100, help="With --endpoint: attempts after the first for a request that met a 429, a 5xx or a lost connection."),
+    affinity_chars: int = typer.Option(512, "--affinity-chars", min=0, help="With several --endpoint: requests whose prompts share their first N characters go to the same server (0: off)."),
 ) -> None:
     """Run every request of a JSONL file, many at once.
 
@@ -39,12 +44,27 @@ def batch(
     error record and the batch goes on. Running again skips ids already in the output;
     requests that failed stay failed (exit 1) until --retry-failed runs them again.
 
-    Example: tallow batch questions.jsonl -o answers.jsonl --parallel 8
+    With --endpoint (repeatable), the requests go to those servers instead, --parallel at a
+    time to each, retried when a server fails, each line's body sent as it is.
+
+    \b
+    Examples:
+      tallow batch questions.jsonl -o answers.jsonl --parallel 8
+      tallow batch questions.jsonl -o answers.jsonl --endpoint http://a:8080/v1 --endpoint http://b:8080/v1
     """
     from tallow.serve.batch import BatchStats, count_requests, open_output, previous_results, read_lines, run_batch
     from tallow.serve.openai_api import Limits
     from tallow.runtime.scheduler import SchedulerSettings
 
+    remote = o.endpoints(endpoint, api_key, offline, many=True)
+    if remote:
+        o.refuse_local({"--deterministic": deterministic, "--kv-unified": kv_unified, "--ctx": ctx is not None,
+                        "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None,
+                        "--tool-format": tool_format != "auto", "--no-cache": no_cache})
+    for flag, used in (("--retries", retries != 6), ("--affinity-chars", affinity_chars != 512)):
+        if used and not remote:
+            raise typer.BadParameter("this spreads requests over servers: give --endpoint", param_hint=flag)
     forced_format = o.parse_tool_format(tool_format)
     if not input.is_file():
         raise typer.BadParameter(f"{input} is not a readable file", param_hint="INPUT")
@@ -56,6 +76,11 @@ def batch(
         out = open_output(output)
     except OSError as exc:
         raise TallowError(f"cannot use {exc.filename}: {exc.strerror}") from exc
+    if remote:
+        with out:
+            stats = _remote(remote, model, parallel, max_tokens, retries, affinity_chars, input, out, previous, total)
+        _report(stats, input, output)
+        return
     with out:
         name, sched = open_scheduler(model, o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), offline,
                                      SchedulerSettings(parallel=parallel, deterministic=deterministic,
@@ -70,10 +95,34 @@ def batch(
                 run_batch(sched, read_lines(input), out, limits, previous, stats, show)
         finally:
             sched.close()
+    _report(stats, input, output)
+
+
+def _remote(endpoints, model: str, parallel: int, max_tokens: int, retries: int, affinity_chars: int, input: Path,
+            out, previous, total: int):
+    from tallow.serve.batch import read_lines
+    from tallow.serve.fleet import Fleet, FleetSettings, FleetStats
+
+    fleet = Fleet(endpoints, FleetSettings(concurrency=parallel, retries=retries, affinity_chars=affinity_chars,
+                                           max_tokens=max_tokens), model)
+    stats = FleetStats(total=total)
+    with _progress(total) as show:
+        fleet.run(read_lines(input), out, previous, stats, show)
+    return stats
+
+
+def _report(stats, input: Path, output: Path) -> None:
     console = err_console()
     earlier = f"{stats.skipped} already in {output}" + (f", {stats.failed_before} failed earlier" if stats.failed_before else "")
     console.print(f"{stats.done} done, {stats.failed} failed, {earlier}; "
                   f"{stats.completion_tokens} tokens at {stats.tokens_per_s:.1f} tok/s", soft_wrap=True)
+    members = getattr(stats, "members", None)
+    if members:  # with --endpoint: each server's share, and what its prompt cache served
+        console.print(stats.cache_line(), soft_wrap=True)
+        for m in members:
+            state = " (out of service now)" if m.down_until > time.monotonic() else ""
+            console.print(f"  {m.endpoint.url}: {m.done} answered, {m.retried} failed and retried{state}",
+                          soft_wrap=True, markup=False)
     failed = stats.failed + stats.failed_before
     if failed:
         raise TallowError(f"{failed} request(s) failed; their error records are in {output}",

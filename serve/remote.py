@@ -183,10 +183,14 @@ class Call:
         text: list[str] = []
         reasoning: list[str] = []
         finish = None
+        complete = False  # [DONE] came: an answer cut after its finish chunk lacks its usage
         self.resp = self.endpoint.open(self.path, self.body, self.timeout)
         try:
             try:
                 for chunk in _sse(self.resp):
+                    if chunk is None:
+                        complete = True
+                        break
                     if "error" in chunk and not chunk.get("choices"):
                         err = chunk["error"]
                         raise RemoteError(f"{self.endpoint.label} failed mid-answer: "
@@ -209,8 +213,9 @@ class Call:
                                   retryable=True) from None
         finally:
             self.close()
-        if finish is None:
-            raise RemoteError(f"{self.endpoint.label} ended the stream without a finish reason", retryable=True)
+        if finish is None or (not complete and finish != "interrupted"):
+            raise RemoteError(f"{self.endpoint.label} ended the stream before its end (no "
+                              f"{'finish reason' if finish is None else '[DONE]'})", retryable=True)
         yield self._final("".join(text), "".join(reasoning), finish, started, stamps)
 
     def _take(self, choice: dict[str, Any]) -> tuple[str, str]:
@@ -260,12 +265,13 @@ class Call:
         return FinalEvent(text, finish, usage, timings, reasoning=reasoning, source=self.endpoint.url)
 
 
-def _sse(resp) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream, up to `data: [DONE]` or its end. A
-    server that answers with one JSON body instead (no stream) yields that body."""
+def _sse(resp) -> Iterator[dict[str, Any] | None]:
+    """The JSON objects of a server-sent event stream, then None for `data: [DONE]`. A server
+    that answers with one JSON body instead (no stream) yields that body, then None."""
     kind = (resp.getheader("Content-Type") or "").split(";")[0].strip()
     if kind == "application/json":
         yield _json(resp.read())
+        yield None
         return
     event = None
     while True:
@@ -281,6 +287,7 @@ def _sse(resp) -> Iterator[dict[str, Any]]:
         elif line.startswith(b"data:"):
             data = line[5:].strip()
             if data == b"[DONE]":
+                yield None
                 return
             obj = _json(data)
             if event == "error" and "error" not in obj:
