@@ -53,13 +53,27 @@ def bench(
     save: Optional[Path] = typer.Option(None, "--save", help="Also write the results (JSON) to FILE.", show_default=False),
     compare: Optional[Path] = typer.Option(None, "--compare", help="Show the change against results saved with --save.", show_default=False),
     offline: o.Offline = False,
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
+    rate: Optional[str] = typer.Option(None, "--rate", help="With --endpoint: Poisson arrival rates to load it at (requests/s, e.g. 0.5,1,2).", show_default=False),
+    num_requests: int = typer.Option(32, "--num-requests", min=1, max=100_000, help="With --endpoint: requests per load point."),
+    max_seconds: float = typer.Option(120.0, "--max-seconds", min=1.0, help="With --endpoint: no new request after this long, per load point."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="With --endpoint: a JSONL file of real requests ({\"prompt\"} or {\"messages\"}) instead of synthetic ones.", show_default=False),
+    ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", min=1.0, help="With --endpoint: an explicit SLO: TTFT limit in ms (with --tpot-ms).", show_default=False),
+    tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", min=0.1, help="With --endpoint: an explicit SLO: ms per output token after the first.", show_default=False),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="With --endpoint: ask for exactly -n tokens (vLLM, llama.cpp and tallow serve take it)."),
 ) -> None:
     """Measure prefill and decode speed, like llama-bench.
 
     Also how close decode gets to the memory bandwidth limit, peak memory, and with
-    --parallel the aggregate speed of several sequences at once.
+    --parallel the aggregate speed of several sequences at once. With --endpoint, a load
+    test of that server: --parallel clients at once or --rate arrivals a second, and with
+    --slo the goodput: the highest rate at which the SLO holds.
 
-    Example: tallow bench smollm2:135m -p 512 -n 128 -t 1,2 -o md
+    \b
+    Examples:
+      tallow bench smollm2:135m -p 512 -n 128 -t 1,2 -o md
+      tallow bench smollm2:135m --endpoint http://127.0.0.1:8080/v1 --parallel 1,4 --slo server
     """
     if as_json:
         output = "json"
@@ -70,6 +84,19 @@ def bench(
 
     if slo is not None and slo not in SLO:
         raise typer.BadParameter("use interactive or server", param_hint="--slo")
+    remote = o.endpoints(endpoint, api_key, offline)
+    remote_only = {"--rate": rate is not None, "--num-requests": num_requests != 32, "--max-seconds": max_seconds != 120.0,
+                   "--prompts": prompts is not None, "--ttft-ms": ttft_ms is not None, "--tpot-ms": tpot_ms is not None,
+                   "--ignore-eos": ignore_eos}
+    if remote:
+        o.refuse_local({"-pg": bool(pg), "-d": depth != "0", "-r": reps != 5, "-t": threads is not None, "-b": batch != "512",
+                        "--gpu-layers": gpu_layers != "0", "--ctk": ctk != "f16", "--ctv": ctv != "f16",
+                        "-fa": flash_attn != "auto"})
+        return _remote(models, remote[0], n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpot_ms, num_requests,
+                       max_seconds, prompts, ignore_eos, output, save, compare)
+    for flag, used in remote_only.items():
+        if used:
+            raise typer.BadParameter("this is for loading a server: give --endpoint", param_hint=flag)
     parallel_ns = _ints(parallel, "--parallel", 1) if parallel else ([1, 2, 4, 8, 16] if slo else [])
     tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pg or [], _ints(depth, "-d"))
     if not tests:
@@ -93,6 +120,34 @@ def bench(
     _emit(rows, output)
     if slo:
         _slo_verdict(rows, slo, to_stderr=output != "table")
+
+
+def _remote(models, endpoint, n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpot_ms, num_requests, max_seconds,
+            prompts, ignore_eos, output, save, compare) -> None:
+    from tallow.runtime.bench import SLO
+    from tallow.serve import loadgen
+
+    from .bench_remote import bench_remote, read_prompts
+
+    if len(models) != 1:
+        raise typer.BadParameter("a load test is of one model: give its name on the server", param_hint="MODELS")
+    if (ttft_ms is None) != (tpot_ms is None):
+        raise typer.BadParameter("an explicit SLO needs both --ttft-ms and --tpot-ms", param_hint="--ttft-ms")
+    if slo is not None and ttft_ms is not None:
+        raise typer.BadParameter("give --slo or --ttft-ms/--tpot-ms, not both", param_hint="--slo")
+    target = loadgen.SLO(*SLO[slo]) if slo else (loadgen.SLO(ttft_ms, tpot_ms) if ttft_ms is not None else None)
+    rates = []
+    if rate:
+        try:
+            rates = [float(v) for v in rate.split(",") if v.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"{rate!r} is not a comma-separated list of rates", param_hint="--rate") from None
+        if not rates or min(rates) <= 0 or max(rates) > 10_000:
+            raise typer.BadParameter("give rates above 0, up to 10,000 requests/s", param_hint="--rate")
+    concurrency = _ints(parallel, "--parallel", 1, 4096) if parallel else ([] if rates or target else [1, 2, 4, 8])
+    load = loadgen.Load(models[0], _ints(n_prompt, "-p", 1)[0], _ints(n_gen, "-n", 1)[0], num_requests, max_seconds,
+                        ignore_eos, read_prompts(prompts) if prompts else ())
+    bench_remote(endpoint, load, concurrency, rates, target, slo, output, save, compare)
 
 
 def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn) -> list[dict]:

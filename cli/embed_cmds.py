@@ -31,11 +31,14 @@ def embed(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     offline: o.Offline = False,
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
 ) -> None:
     """Embed texts: one vector per text, or an index to search.
 
     Inputs are packed many to a decode. An input longer than the model takes is an error
-    naming its index unless --truncate. A run killed midway resumes with the same -o.
+    naming its index unless --truncate. A run killed midway resumes with the same -o. With
+    --endpoint, a server's /v1/embeddings makes the vectors.
 
     Example: tallow embed all-minilm:l6-v2 --index notes.sqlite < notes.txt
     """
@@ -55,7 +58,13 @@ def embed(
     if texts and any(not t.strip() for t in texts):
         raise TallowError(f"text {next(i for i, t in enumerate(texts) if not t.strip())} is empty",
                           "every text needs some words")
-    local, embedder = open_embedder(model, o.embed_settings(threads, gpu_layers, pooling, batch_size), offline)
+    remote = o.endpoints(endpoint, api_key, offline)
+    if remote:
+        o.refuse_local({"--pooling": pooling is not None, "--truncate": truncate, "--batch-size": batch_size != 512,
+                        "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto"})
+        local, embedder = _remote(remote[0], model)
+    else:
+        local, embedder = open_embedder(model, o.embed_settings(threads, gpu_layers, pooling, batch_size), offline)
     try:
         embedder.check_dimensions(dimensions)
         if embedder.ranks:
@@ -64,7 +73,8 @@ def embed(
         shaping = Shaping(normalize=not no_normalize, dimensions=dimensions)
         inputs = enumerate(texts) if texts else numbered_lines(sys.stdin.buffer)
         meta = {"model": local.name, "model_sha256": local.sha256 or "", "pooling": embedder.pooling,
-                "dimensions": str(dimensions or embedder.width), "normalized": str(not no_normalize).lower()}
+                "dimensions": str(dimensions or embedder.width), "normalized": str(not no_normalize).lower(),
+                **({"endpoint": remote[0].url} if remote else {})}
         sink, skip = open_sink(fmt, output, index, meta, with_text=not no_text)
         stats = EmbedStats()
         try:
@@ -78,8 +88,19 @@ def embed(
         embedder.close()
     where = f" into {index}" if index else f" to {output}" if output else ""
     skipped = f", {stats.skipped} already there" if stats.skipped else ""
-    err_console().print(f"{stats.done} embedded{where}{skipped}; {stats.tokens} tokens at {stats.per_s:.1f} inputs/s",
+    tokens = stats.tokens if not remote else embedder.prompt_tokens  # remote: the server's count
+    shown = "tokens not reported" if tokens is None else f"{tokens} tokens"
+    err_console().print(f"{stats.done} embedded{where}{skipped}; {shown} at {stats.per_s:.1f} inputs/s",
                         soft_wrap=True)
+
+
+def _remote(endpoint, model: str):
+    """(what stands for the local model in the records, the server's embedder)."""
+    from types import SimpleNamespace
+
+    from tallow.serve.remote_embed import RemoteEmbedder
+
+    return SimpleNamespace(name=model, sha256=None), RemoteEmbedder(endpoint, model)
 
 
 @contextlib.contextmanager
@@ -108,11 +129,13 @@ def search(
     json_out: o.JsonList = False,
     threads: o.Threads = None,
     offline: o.Offline = False,
+    api_key: o.EndpointKey = None,
 ) -> None:
     """Find the stored texts nearest to a query.
 
-    The query is embedded with the model that made the index, and every stored vector is
-    scored by cosine similarity (exact search).
+    The query is embedded with the model that made the index (by the same server, when
+    tallow embed --endpoint made it), and every stored vector is scored by cosine
+    similarity (exact search).
 
     Example: tallow search notes.sqlite "how do I reset my password" -n 5
     """
@@ -125,7 +148,12 @@ def search(
     try:
         meta = vi.meta
         pooling = meta.get("pooling")
-        local, embedder = open_embedder(meta["model"], o.embed_settings(threads, "auto", pooling, 512), offline)
+        if api_key is not None and not meta.get("endpoint"):
+            raise typer.BadParameter(f"{index} was made by a local model: it needs no key", param_hint="--api-key")
+        if meta.get("endpoint"):
+            local, embedder = _remote(o.endpoints([meta["endpoint"]], api_key, offline)[0], meta["model"])
+        else:
+            local, embedder = open_embedder(meta["model"], o.embed_settings(threads, "auto", pooling, 512), offline)
         try:
             if meta.get("model_sha256") and local.sha256 and local.sha256 != meta["model_sha256"]:
                 raise TallowError(f"{meta['model']} is not the file that made {index} (its sha256 differs)",

@@ -88,6 +88,16 @@ class Usage:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
 
+def percentile(values, q: float) -> float:
+    """The nearest-rank q-th percentile (0 for no values): no interpolation, so it is always a
+    measured value."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
 @dataclass
 class Timings:
     """Seconds measured by tallow itself with perf_counter, per request."""
@@ -111,12 +121,7 @@ class Timings:
         return self.decode_tokens / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0
 
     def itl_percentile(self, q: float) -> float:
-        if not self.itl_ms:
-            return 0.0
-        ordered = sorted(self.itl_ms)
-        # nearest-rank percentile: no interpolation, so it is always a measured gap
-        rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
-        return ordered[rank - 1]
+        return percentile(self.itl_ms, q)
 
     def summary(self) -> dict[str, float]:
         return {

@@ -103,3 +103,33 @@ def test_offline_refuses_a_remote_host_and_local_flags_are_refused(tmp_path):
         assert refused.returncode == 2 and flag[0] in refused.stderr.decode()
     down = run_tallow(["run", "m", "hi", "--endpoint", "http://127.0.0.1:9/v1"], home=tmp_path)
     assert down.returncode == 1 and "cannot reach 127.0.0.1:9" in down.stderr.decode()
+
+
+def test_embed_through_an_endpoint_equals_the_local_vectors_and_search_uses_it(minilm_model, default_home, tmp_path):
+    import numpy as np
+
+    texts = b"The cat sat on the mat.\nStocks fell sharply on Monday.\nA kitten naps in the sun.\n"
+    local = run_tallow(["embed", "all-minilm:l6-v2"], home=default_home, input=texts)
+    assert local.returncode == 0, local.stderr.decode()
+    s = Server(minilm_model, tmp_path / "home")
+    try:
+        got = run_tallow(["embed", "tallow", "--endpoint", s.url], home=tmp_path, input=texts)
+        assert got.returncode == 0, got.stderr.decode()
+        mine = [json.loads(line) for line in local.stdout.splitlines()]
+        theirs = [json.loads(line) for line in got.stdout.splitlines()]
+        assert [r["text"] for r in theirs] == [r["text"] for r in mine]
+        for a, b in zip(mine, theirs):
+            assert float(np.dot(a["embedding"], b["embedding"])) > 0.9999
+        assert "tokens at" in got.stderr.decode()  # the server's usage counted them
+        short = run_tallow(["embed", "tallow", "--endpoint", s.url, "--dimensions", "64", "T"], home=tmp_path)
+        vec = json.loads(short.stdout)["embedding"]
+        assert len(vec) == 64 and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
+        db = tmp_path / "idx.sqlite"
+        made = run_tallow(["embed", "tallow", "--endpoint", s.url, "--index", str(db)], home=tmp_path, input=texts)
+        assert made.returncode == 0, made.stderr.decode()
+        hits = json.loads(run_tallow(["search", str(db), "a sleepy kitten", "--json", "-n", "1"], home=tmp_path).stdout)
+        assert hits[0]["text"] == "A kitten naps in the sun."
+        refused = run_tallow(["embed", "tallow", "--endpoint", s.url, "--pooling", "cls", "x"], home=tmp_path)
+        assert refused.returncode == 2 and "--pooling" in refused.stderr.decode()
+    finally:
+        s.close()
