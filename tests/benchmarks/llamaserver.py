@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -38,14 +39,20 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
+    """Until the server is ready: tallow serve's /ready (its /health answers while it loads),
+    or /health for llama-server, which has no /ready and answers 503 there while loading."""
     deadline = time.monotonic() + 300
+    path = "/ready"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            with urllib.request.urlopen(url + path, timeout=2) as r:
                 if r.status == 200:
                     return
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                path = "/health"
         except OSError:
             pass
         time.sleep(0.3)
