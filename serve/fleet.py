@@ -6,7 +6,7 @@ thread writes it, a request's record is written once, whole, when its answer is 
 goes to the server as it is (the server checks it); only `stream` is refused and a
 `max_tokens` above --max-tokens is clamped.
 
-Scheduling (docs/DESIGN.md, "Fleets"):
+Scheduling (docs/DESIGN.md, "Remote endpoints and fleets"):
 - each endpoint takes up to `concurrency` requests at once;
 - prefix affinity: the first `affinity_chars` characters of a prompt at least that long are
   its key; a key is pinned to one endpoint, the one with the fewest keys when it is first

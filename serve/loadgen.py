@@ -15,6 +15,7 @@ points in all, so it always ends.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -29,6 +30,9 @@ WORDS = ("time way year work day life world hand part child eye place week case 
          "water home room area money story month night word side kind head house friend hour game line city name "
          "team minute idea body back parent face level door health art war history party result change morning "
          "reason research girl guy moment air teacher force education").split()
+
+
+_SERIAL = itertools.count()  # synthetic prompts are numbered across points: none repeats, no cache serves one
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ class Point:
 
 def body_for(load: Load, i: int) -> tuple[str, dict[str, Any]]:
     """(path, body) of request i: the i-th file prompt in turn, or a synthetic one of its own
-    words (so that no two share a prefix a cache could serve)."""
+    words (so that no two share a prefix a cache could serve: i is never the same twice)."""
     if load.prompts:
         body = dict(load.prompts[i % len(load.prompts)])
         path = "/chat/completions" if "messages" in body else "/completions"
@@ -150,9 +154,9 @@ def run_point(endpoint: Endpoint, load: Load, mode: str, value: float,
 
     def take() -> int | None:
         with lock:
-            if stop() or time.perf_counter() >= deadline:
+            if stop() or time.perf_counter() >= deadline or next(counter, None) is None:
                 return None
-            return next(counter, None)
+            return next(_SERIAL)
 
     def record(sample: Sample) -> None:
         with lock:
