@@ -279,21 +279,26 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
 
 
 def _emit(rows: list[dict], output: str) -> None:
+    emit_rows(rows, output, _table)
+
+
+def emit_rows(rows: list[dict], output: str, table) -> None:
+    """Result rows on stdout as json, jsonl, csv (every key any row has; lists as JSON), or
+    through `table(rows, markdown)` for table and md (local and --endpoint bench alike)."""
     out = sys.stdout
     if output == "json":
         out.write(json.dumps(rows, indent=1) + "\n")
     elif output == "jsonl":
-        for r in rows:
-            out.write(json.dumps(r) + "\n")
+        out.writelines(json.dumps(r) + "\n" for r in rows)
     elif output == "csv":
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]), extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
         out.write(buf.getvalue())
     else:
-        _table(rows, markdown=output == "md")
+        table(rows, markdown=output == "md")
 
 
 def _table(rows: list[dict], markdown: bool) -> None:

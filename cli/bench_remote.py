@@ -3,8 +3,6 @@ request throughput, output tok/s, TTFT / TPOT / ITL / end-to-end percentiles and
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
 from dataclasses import replace
@@ -102,21 +100,9 @@ def _saved(path: Path) -> dict:
 
 
 def _emit(rows: list[dict], output: str) -> None:
-    out = sys.stdout
-    if output == "json":
-        out.write(json.dumps(rows, indent=1) + "\n")
-    elif output == "jsonl":
-        out.writelines(json.dumps(r) + "\n" for r in rows)
-    elif output == "csv":
-        buf = io.StringIO()
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
-        out.write(buf.getvalue())
-    else:
-        _table(rows, markdown=output == "md")
+    from .bench_cmds import emit_rows
+
+    emit_rows(rows, output, _table)
 
 
 def _table(rows: list[dict], markdown: bool) -> None:

@@ -93,6 +93,22 @@ def record_key(value: Any) -> str:
     return json.dumps(value)
 
 
+class Records:
+    """The output file's one writer: each record one whole line, flushed as it is written."""
+
+    def __init__(self, out: TextIO, stats: BatchStats, on_progress: Callable[[BatchStats], None]) -> None:
+        self.out, self.stats, self.on_progress = out, stats, on_progress
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+    def error(self, lineno: int, rid: Any, message: str) -> None:
+        self.write({"id": rid, "line": lineno, "error": message})
+        self.stats.failed += 1
+        self.on_progress(self.stats)
+
+
 def count_requests(path: Path) -> int:
     with open(path, "rb") as f:
         return sum(1 for raw in f if raw.strip())
@@ -109,15 +125,8 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
     in_flight: dict[int, tuple[Any, Any, Any]] = {}  # line number -> (id, handle, tool choice)
     window = max(2, len(sched.slots) * 2)  # enough waiting to refill slots, without queueing the file
     seen: set[str] = set()  # ids met in this input so far
-
-    def write(record: dict[str, Any]) -> None:
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        out.flush()
-
-    def error(lineno: int, rid: Any, message: str) -> None:
-        write({"id": rid, "line": lineno, "error": message})
-        stats.failed += 1
-        on_progress(stats)
+    records = Records(out, stats, on_progress)
+    write, error = records.write, records.error
 
     def collect(block: bool) -> None:
         while in_flight:

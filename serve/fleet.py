@@ -24,7 +24,6 @@ Scheduling (docs/DESIGN.md, "Remote endpoints and fleets"):
 from __future__ import annotations
 
 import hashlib
-import json
 import queue
 import time
 from collections import deque
@@ -34,7 +33,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 from tallow.common.errors import TallowError
 
-from .batch import BatchStats, Previous, id_and_body, record_key
+from .batch import BatchStats, Previous, Records, id_and_body, record_key
 from .fields import APIError, parse_json
 from .remote import Call, Endpoint, RemoteError
 
@@ -196,15 +195,8 @@ class Fleet:
         lines = iter(source)
         exhausted = False
         window = max(4, 2 * s.concurrency * len(self.members))
-
-        def write(record: dict[str, Any]) -> None:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
-
-        def error(lineno: int, rid: Any, message: str) -> None:
-            write({"id": rid, "line": lineno, "error": message})
-            stats.failed += 1
-            on_progress(stats)
+        records = Records(out, stats, on_progress)
+        write, error = records.write, records.error
 
         def call(job: Job, member: Member):
             c = Call(member.endpoint, job.path, job.body, s.timeout_s)

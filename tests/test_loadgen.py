@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from conftest import run_tallow
-from test_serve import Server
-
-
-@pytest.fixture(scope="module")
-def replica(synth_model, tmp_path_factory):
-    s = Server(synth_model, tmp_path_factory.mktemp("replica"), "--parallel", "2")
-    yield s
-    s.close()
+from test_remote import replica  # noqa: F401 - the fixture: one replica of the synthetic model
 
 
 def test_concurrency_sweep_figures(replica, tmp_path):
