@@ -60,7 +60,7 @@ def bench(
     max_seconds: float = typer.Option(120.0, "--max-seconds", min=1.0, help="With --endpoint: no new request after this long, per load point."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="With --endpoint: a JSONL file of real requests ({\"prompt\"} or {\"messages\"}) instead of synthetic ones.", show_default=False),
     ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", min=1.0, help="With --endpoint: an explicit SLO: TTFT limit in ms (with --tpot-ms).", show_default=False),
-    tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", min=0.1, help="With --endpoint: an explicit SLO: ms per output token after the first.", show_default=False),
+    tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", "--itl-ms", min=0.1, help="With --endpoint: an explicit SLO: ms per output token after the first.", show_default=False),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="With --endpoint: ask for exactly -n tokens (vLLM, llama.cpp and tallow serve take it)."),
 ) -> None:
     """Measure prefill and decode speed, like llama-bench.

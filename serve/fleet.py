@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import queue
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TextIO
 
@@ -280,39 +280,37 @@ class Fleet:
             stats.completion_tokens += u.completion_tokens
             on_progress(stats)
 
-        pool = ThreadPoolExecutor(max_workers=s.concurrency * len(self.members), thread_name_prefix="tallow-fleet")
-        try:
-            while True:
-                while not exhausted and len(waiting) + len(retry) < window:
-                    take_line()
-                now = self.clock()
-                for job in [j for j in retry if j.not_before <= now]:
-                    retry.remove(job)
-                    waiting.appendleft(job)
-                wanted = {id(m) for m in (self.pinned(j.key, now) for j in waiting if j.key) if m is not None}
-                for job in list(waiting):
-                    member = self.choose(job, now, wanted)
-                    if member is None:
-                        continue
-                    waiting.remove(job)
-                    member.inflight += 1
-                    inflight[job.lineno] = (job, member)
-                    pool.submit(call, job, member)
-                if exhausted and not waiting and not retry and not inflight:
-                    break
-                due = [j.not_before for j in retry] + [m.down_until for m in self.members if m.down_until > now]
-                timeout = max(0.01, min([0.5] + [d - now for d in due]))
-                try:
-                    lineno, outcome, reply = results.get(timeout=timeout)
-                except queue.Empty:
+        while True:
+            while not exhausted and len(waiting) + len(retry) < window:
+                take_line()
+            now = self.clock()
+            for job in [j for j in retry if j.not_before <= now]:
+                retry.remove(job)
+                waiting.appendleft(job)
+            wanted = {id(m) for m in (self.pinned(j.key, now) for j in waiting if j.key) if m is not None}
+            for job in list(waiting):
+                member = self.choose(job, now, wanted)
+                if member is None:
                     continue
+                waiting.remove(job)
+                member.inflight += 1
+                inflight[job.lineno] = (job, member)
+                # A daemon thread per call: an interrupted batch exits at once, without waiting
+                # for the calls in flight (their answers are not written).
+                threading.Thread(target=call, args=(job, member), name="tallow-fleet", daemon=True).start()
+            if exhausted and not waiting and not retry and not inflight:
+                break
+            due = [j.not_before for j in retry] + [m.down_until for m in self.members if m.down_until > now]
+            timeout = max(0.01, min([0.5] + [d - now for d in due]))
+            try:
+                lineno, outcome, reply = results.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            finish(lineno, outcome, reply)
+            while True:  # everything else that finished meanwhile
+                try:
+                    lineno, outcome, reply = results.get_nowait()
+                except queue.Empty:
+                    break
                 finish(lineno, outcome, reply)
-                while True:  # everything else that finished meanwhile
-                    try:
-                        lineno, outcome, reply = results.get_nowait()
-                    except queue.Empty:
-                        break
-                    finish(lineno, outcome, reply)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # interrupted: what is in flight is not written
         return stats

@@ -4,6 +4,7 @@ client's, history stays local; figures a server does not report are said to be m
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -50,6 +51,19 @@ def test_run_text_and_logprobs_through_the_endpoint(replica, tmp_path):
     plain = run_tallow(["run", "synthetic.gguf", "Once upon", "-n", "6", "--temperature", "0", "--endpoint", replica.url,
                         "--no-log"], home=tmp_path)
     assert plain.stdout.decode().rstrip("\n") == out["text"]
+
+
+def test_chat_against_a_replica_has_sane_stats_per_turn(replica, tmp_path):
+    script = b"Tell me about a cat\nAnd a dog\n/stats\n/bye\n"
+    got = run_tallow(["chat", "synthetic.gguf", "--endpoint", replica.url, "--max-tokens", "6", "--temperature", "0",
+                      "--stats", "--no-log"], home=tmp_path, input=script)
+    assert got.returncode == 0, got.stderr.decode()
+    lines = [ln for ln in got.stderr.decode().splitlines() if "TTFT" in ln and "turns" not in ln]
+    assert len(lines) == 2 and all(f"via {replica.url}" in ln for ln in lines)
+    turns = [re.search(r"prompt (\d+) tok \((\d+) cached\)", ln) for ln in lines]
+    assert all(turns) and int(turns[1].group(1)) > int(turns[0].group(1))  # the history went along
+    assert int(turns[1].group(2)) > 0  # ... and the replica's slot still held the first turn
+    assert "turns 2" in got.stdout.decode() + got.stderr.decode()
 
 
 def test_a_server_that_omits_usage_gives_not_reported(tmp_path):
