@@ -118,7 +118,8 @@ def _report(stats, input: Path, output: Path) -> None:
                   f"{stats.completion_tokens} tokens at {stats.tokens_per_s:.1f} tok/s", soft_wrap=True)
     members = getattr(stats, "members", None)
     if members:  # with --endpoint: each server's share, and what its prompt cache served
-        console.print(stats.cache_line(), soft_wrap=True)
+        if stats.done:  # (nothing answered this run: nothing to say about the caches)
+            console.print(stats.cache_line(), soft_wrap=True)
         for m in members:
             state = " (out of service now)" if m.down_until > time.monotonic() else ""
             console.print(f"  {m.endpoint.url}: {m.done} answered, {m.retried} failed and retried{state}",
