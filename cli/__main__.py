@@ -1,3 +1,3 @@
-from .entry import main
+from tallow.cli.entry import main
 
 main()

@@ -1,16 +1,107 @@
-"""The Typer application: the root command, its commands, and the error boundary."""
+"""The Typer application: the root command, its commands, and the error boundary.
+
+Commands are imported when they run, not when the app is: `tallow --help` lists them from
+the table below (their one-line help), and `tallow list` imports the store commands and
+nothing else, so a completion or a script pays only for what it runs."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
+import typer.core
+import typer.main
 
-from . import settings
-from .errors import guarded
+from tallow.cli import settings
+from tallow.cli.errors import guarded
+from tallow.cli.version import version
+
+# name -> (module, attribute, one-line help as the command's docstring starts, hidden);
+# tests/test_cli_surface.py holds each line to the command's own docstring
+COMMANDS: dict[str, tuple[str, str, str, bool]] = {
+    "run": ("run", "run", "Run a model on one prompt and stream the answer.", False),
+    "chat": ("chat", "chat", "Chat with a model, reusing the cache turn after turn.", False),
+    "pull": ("store_cmds", "pull", "Download a model into the store.", False),
+    "list": ("store_cmds", "list_models", "List stored models.", False),
+    "show": ("store_cmds", "show", "Show a model's metadata, tensor types, license and source.", False),
+    "rm": ("store_cmds", "rm", "Remove models from the store.", False),
+    "import": ("store_cmds", "import_model", "Register a local GGUF file, or convert a BERT model.", False),
+    "quantize": ("quantize_cmds", "quantize", "Quantize a model into a new stored model.", False),
+    "eval": ("quantize_cmds", "eval_models", "Measure perplexity and KL divergence on a text.", False),
+    "imatrix": ("quantize_cmds", "imatrix", "Compute an importance matrix for quantize --imatrix.", False),
+    "bench": ("bench_cmds", "bench", "Measure prefill and decode speed, like llama-bench.", False),
+    "batch": ("batch_cmds", "batch", "Run every request of a JSONL file, many at once.", False),
+    "embed": ("embed_cmds", "embed", "Embed texts: one vector per text, or an index to search.", False),
+    "search": ("embed_cmds", "search", "Find the stored texts nearest to a query.", False),
+    "serve": ("serve_cmds", "serve", "Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.", False),
+    "ps": ("ps_cmds", "ps", "List the models a running tallow serve has loaded.", False),
+    "stop": ("ps_cmds", "stop", "Unload a model from a running tallow serve.", False),
+    "doctor": ("doctor", "doctor", "Check this machine and the install, for a bug report.", False),
+    "completions": ("completions_cmd", "completions", "Print the shell completion script for bash, zsh or fish.",
+                    False),
+    # started by serve, one per loaded model
+    "runner": ("runner_cmds", "runner", "Serve one model for tallow serve (started by it; not meant to be run by "
+               "hand).", True),
+    "logs": ("history_cmds", "logs_app", "Show the local history log of runs and chats.", False),
+    "cache": ("cache_cmds", "cache_app", "The prompt cache on disk: KV states of prompt prefixes.", False),
+}
+
+
+def load_command(name: str) -> typer.core.TyperCommand | typer.core.TyperGroup:
+    """The click command of one entry of COMMANDS, its module imported now."""
+    module, attribute, _, hidden = COMMANDS[name]
+    target = getattr(importlib.import_module(f"tallow.cli.commands.{module}"), attribute)
+    if isinstance(target, typer.Typer):  # a group of subcommands (logs, cache)
+        group = typer.main.get_command(target)
+        group.name = name
+        return group
+    one = typer.Typer(add_completion=False, rich_markup_mode=None)
+    one.command(name=name, hidden=hidden)(guarded(target))
+    return typer.main.get_command(one)
+
+
+class LazyCommands(typer.core.TyperGroup):
+    """The root group: a command is imported when it is looked up to run (or to show its own
+    help); the command list in `tallow --help` comes from COMMANDS alone."""
+
+    def __init__(self, **attrs) -> None:
+        super().__init__(**attrs)
+        self.commands = OnDemand(self.commands)
+
+    def list_commands(self, ctx) -> list[str]:
+        return [*COMMANDS, *(n for n in self.commands if n not in COMMANDS)]
+
+    def get_command(self, ctx, cmd_name: str):
+        try:
+            return self.commands[cmd_name]
+        except KeyError:
+            return None
+
+    def format_commands(self, ctx, formatter) -> None:
+        loaded = self.commands
+        stubs = {name: typer.core.TyperCommand(name=name, help=short, hidden=hidden)
+                 for name, (_, _, short, hidden) in COMMANDS.items()}
+        self.commands = {**stubs, **loaded}  # listed by their one-line help: nothing imported
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self.commands = loaded
+
+
+class OnDemand(dict):
+    """The root's commands by name, each loaded the first time it is asked for."""
+
+    def __missing__(self, name: str):
+        if name not in COMMANDS:
+            raise KeyError(name)
+        self[name] = load_command(name)
+        return self[name]
+
 
 app = typer.Typer(
     name="tallow",
+    cls=LazyCommands,
     help="Run large language models on your own machine, with honest timings.",
     epilog=settings.env_table() + "\n\nExit codes: 0 ok, 1 error, 2 usage, 130 interrupted.",
     no_args_is_help=True,
@@ -18,15 +109,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tallow")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _show_version(value: bool) -> None:
@@ -42,70 +124,24 @@ def root(
     """Run large language models on your own machine, with honest timings."""
 
 
-def _register() -> None:
-    from .batch_cmds import batch
-    from .bench_cmds import bench
-    from .cache_cmds import cache_app
-    from .chat import chat
-    from .doctor import doctor
-    from .embed_cmds import embed, search
-    from .history_cmds import logs_app
-    from .ps_cmds import ps, stop
-    from .run import run
-    from .runner_cmds import runner
-    from .serve_cmds import serve
-    from .quantize_cmds import eval_models, imatrix, quantize
-    from .store_cmds import import_model, list_models, pull, rm, show
-
-    commands = (("run", run), ("chat", chat), ("pull", pull), ("list", list_models), ("show", show), ("rm", rm),
-                ("import", import_model), ("quantize", quantize), ("eval", eval_models),
-                ("imatrix", imatrix), ("bench", bench), ("batch", batch), ("embed", embed), ("search", search), ("serve", serve), ("ps", ps), ("stop", stop), ("doctor", doctor))
-    for name, fn in commands:
-        app.command(name=name)(guarded(fn))
-    app.command(name="completions")(guarded(completions))
-    app.command(name="runner", hidden=True)(guarded(runner))  # started by serve, one per loaded model
-    app.add_typer(logs_app, name="logs")
-    app.add_typer(cache_app, name="cache")
-
-
-
-def completions(shell: str = typer.Argument(..., help="bash, zsh or fish.", show_default=False)) -> None:
-    """Print the shell completion script for bash, zsh or fish.
-
-    \b
-    Examples:
-      tallow completions bash > ~/.local/share/bash-completion/completions/tallow
-      tallow completions zsh > "${fpath[1]}/_tallow"
-      tallow completions fish > ~/.config/fish/completions/tallow.fish
-    """
-    from .completion import FILES, script
-
-    if shell not in FILES:
-        raise typer.BadParameter("use bash, zsh or fish", param_hint="SHELL")
-    typer.echo(script(shell), nl=False)
-
-
-_register()
-
-
 def main() -> None:
     import os
 
-    from .completion import COMPLETE_VAR
+    from tallow.cli.completion import COMPLETE_VAR
 
     instruction = os.environ.get(COMPLETE_VAR)
     if instruction:  # a completion script asking: answer, run nothing
-        from .completion import complete
+        from tallow.cli.completion import complete
 
-        sys.exit(complete(instruction))
+        sys.exit(complete(instruction, typer.main.get_command(app)))
     sys.exit(run_app(sys.argv[1:]))
 
 
 def run_app(argv: list[str]) -> int:
     """Run the app and return its exit code; a usage error (a bad flag or value, a missing
     argument) is one line and a hint, like every other error, not a usage block."""
-    from . import errors
-    from .errors import EXIT_INTERRUPTED, EXIT_USAGE
+    from tallow.cli import errors
+    from tallow.cli.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
     errors.invocation[:] = argv
     try:

@@ -26,7 +26,7 @@ def _leave(code: int) -> None:
 
 def main() -> None:
     try:
-        from .app import main as app_main
+        from tallow.cli.app import main as app_main
 
         app_main()
     except KeyboardInterrupt:

@@ -11,9 +11,8 @@ from typing import Callable
 
 import typer
 
+from tallow.cli import settings
 from tallow.models.errors import ModelNotFound, TallowError
-
-from . import settings
 
 EXIT_OK = 0
 EXIT_ERROR = 1

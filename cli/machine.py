@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from . import settings
+from tallow.cli import settings
 
 
 def probe_options(threads: int | None):
-    from tallow.runtime.machine import ProbeOptions
+    from tallow.runtime.calibration.machine import ProbeOptions
     from tallow.runtime.threads import physical_cores
 
     hook, timeout = settings.test_probe()
@@ -19,7 +19,7 @@ def probe_options(threads: int | None):
 
 def machine_profile(threads: int | None, refresh: bool = False):
     """This machine's runtime.machine.Profile, calibrating once (a child process) if needed."""
-    from tallow.runtime.machine import profile
+    from tallow.runtime.calibration.machine import profile
 
     def notice(text: str) -> None:
         sys.stderr.write(text + "\n")

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from tallow.models.store import Store
-from tallow.runtime.types import LoadSettings
+from typing import TYPE_CHECKING
 
-from . import settings
+from tallow.cli import settings
+
+if TYPE_CHECKING:
+    from tallow.models.store import Store
+    from tallow.runtime.types import LoadSettings
 
 # Pulling (hub client, HTTP, wheels) is imported when a pull happens: every command
 # imports this module, and `tallow list` or a completion should not pay for it.
 
 
 def store() -> Store:
+    from tallow.models.store import Store
+
     return Store(settings.models_dir())
 
 
 def pull_options(offline: bool, force: bool = False):
+    from tallow.cli.pipconfig import index_urls
     from tallow.models.hub import Hub
     from tallow.models.pull import PullOptions
-
-    from .pipconfig import index_urls
 
     return PullOptions(
         index_urls=index_urls,
@@ -32,15 +36,14 @@ def pull_options(offline: bool, force: bool = False):
 
 def verify_model(paths) -> None:
     """llama.cpp's own reading of a model before it enters the store (a child process)."""
-    from tallow.runtime.machine import check_loadable
+    from tallow.runtime.calibration.machine import check_loadable
 
     check_loadable(paths)
 
 
 def pull_with_progress(ref, st: Store, opts):
+    from tallow.cli.render import fetch_progress
     from tallow.models.pull import pull
-
-    from .render import fetch_progress
 
     with fetch_progress(ref.name) as progress:
         return pull(ref, st, opts, progress)
@@ -66,7 +69,7 @@ def prompt_cache():
 
 def _say_fit(engine) -> None:
     """The engine's notes on its load: a context shrunk to fit, rounded, or past the trained length."""
-    from .render import err_console
+    from tallow.cli.render import err_console
 
     for note in engine.notes:
         err_console().print(f"note: {note}", soft_wrap=True, markup=False)
@@ -110,8 +113,8 @@ def open_embedder(text: str, load: LoadSettings, offline: bool):
     model that declares no pooling (a chat model) is pooled by mean unless told otherwise."""
     from dataclasses import replace
 
-    from tallow.runtime.embed import declared_pooling
-    from tallow.runtime.embed import open_embedder as load_embedder
+    from tallow.runtime.embedding.embed import declared_pooling
+    from tallow.runtime.embedding.embed import open_embedder as load_embedder
 
     local = find_model(text, offline)
     if load.pooling is None and declared_pooling(local.paths) is None:

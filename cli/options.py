@@ -6,8 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
+
 def complete_model(incomplete: str) -> list[str]:
-    from .completion import model_names
+    from tallow.cli.completion import model_names
 
     return model_names(incomplete)
 
@@ -24,11 +25,20 @@ Stats = Annotated[bool, typer.Option("--stats", help="Print the stats line even 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Never print the stats line.")]
 
 System = Annotated[Optional[str], typer.Option("--system", help="A system prompt.", show_default=False)]
-Temperature = Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 is greedy and deterministic.")]
+def finite(value: float | None) -> float | None:
+    """A float option's check that its range cannot make: NaN passes every comparison."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+Temperature = Annotated[float, typer.Option("--temperature", callback=finite, min=0.0, help="Sampling temperature; 0 is greedy and deterministic.")]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Keep the K most likely tokens (0: all).")]
-TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling: keep tokens up to this cumulative probability.")]
-MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens less likely than this fraction of the most likely one.")]
-RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="Penalty for tokens among the last 64 (1.0: off).")]
+TopP = Annotated[float, typer.Option("--top-p", callback=finite, min=0.0, max=1.0, help="Nucleus sampling: keep tokens up to this cumulative probability.")]
+MinP = Annotated[float, typer.Option("--min-p", callback=finite, min=0.0, max=1.0, help="Drop tokens less likely than this fraction of the most likely one.")]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", callback=finite, min=0.0, help="Penalty for tokens among the last 64 (1.0: off).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, help="Random seed; the same seed and prompt give the same answer [default: random].", show_default=False)]
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
@@ -51,9 +61,8 @@ EndpointKey = Annotated[Optional[str], typer.Option("--api-key", help="With --en
 def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool = False) -> list:
     """The servers --endpoint (or TALLOW_ENDPOINT) names, checked; [] for the local engine.
     Offline, a host that is not this machine is refused before anything connects."""
-    from tallow.serve.remote import Endpoint
-
-    from . import settings
+    from tallow.cli import settings
+    from tallow.client.endpoint import Endpoint
 
     urls = list(urls or []) or settings.endpoints()
     if len(urls) > 1 and not many:
@@ -67,9 +76,9 @@ def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool
 
 
 def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False):
-    """The server in the place of the local engine (serve/remote_engine.py), with --format /
+    """The server in the place of the local engine (client/remote_engine.py), with --format /
     --json-schema sent as OpenAI's response_format (the answer is still checked here)."""
-    from tallow.serve.remote_engine import RemoteEngine
+    from tallow.client.remote_engine import RemoteEngine
 
     fmt = None
     if schema is not None:
@@ -88,11 +97,9 @@ def refuse_local(given: dict[str, bool]) -> None:
 
 
 def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
+    from tallow.cli import settings
+    from tallow.cli.machine import machine_profile
     from tallow.runtime.types import LoadSettings
-
-    from . import settings
-
-    from .machine import machine_profile
 
     fa = parse_flash_attn(flash_attn)
     return LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads,
@@ -106,7 +113,7 @@ def one_shot(load, text: str, max_tokens: int | None, draft: bool):
     of a batch as it treats a row alone (the draft's answer must equal the plain one)."""
     from dataclasses import replace
 
-    from tallow.runtime.machine import Workload
+    from tallow.runtime.calibration.machine import Workload
 
     work = Workload(len(text.encode("utf-8")) // 3 + 16, max_tokens or 512)  # ~3 bytes a token, and the template
     return replace(with_draft(load, "lookup" if draft else None), workload=work)
@@ -173,7 +180,7 @@ def structured(format_: str | None, json_schema: str | None):
             try:
                 text = Path(json_schema).expanduser().read_text(encoding="utf-8")
             except OSError as exc:
-                raise typer.BadParameter(f"cannot read {json_schema}: {exc.strerror or exc}", param_hint="--json-schema")
+                raise typer.BadParameter(f"cannot read {json_schema}: {exc.strerror or exc}", param_hint="--json-schema") from exc
         schema = load_schema(text)
     return grammar_for(format_ == "json", schema), schema
 
@@ -208,7 +215,7 @@ EmbedBatch = Annotated[int, typer.Option("--batch-size", min=32, max=16384, help
 
 
 def embed_settings(threads: int | None, gpu_layers: str, pooling: str | None, batch_size: int):
-    """Load settings for an embedding model (runtime/embed.py): no sampling, a context of one batch."""
+    """Load settings for an embedding model (runtime/embedding/embed.py): no sampling, a context of one batch."""
     from dataclasses import replace
 
     from tallow.common.errors import TallowError

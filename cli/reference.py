@@ -18,12 +18,15 @@ WIDTH = 100
 def commands() -> list[list[str]]:
     import typer.main
 
-    from .app import app
+    from tallow.cli.app import app
 
     out: list[list[str]] = [[]]
 
     def walk(cmd, path):
-        for name, sub in getattr(cmd, "commands", {}).items():
+        if not hasattr(cmd, "list_commands"):
+            return
+        for name in cmd.list_commands(None):
+            sub = cmd.get_command(None, name)  # the root's commands are imported here, on demand
             if getattr(sub, "hidden", False):  # started by tallow itself (the runner)
                 continue
             out.append(path + [name])
@@ -36,7 +39,7 @@ def commands() -> list[list[str]]:
 def help_text(path: list[str]) -> str:
     from typer.testing import CliRunner
 
-    from .app import app
+    from tallow.cli.app import app
 
     result = CliRunner().invoke(app, [*path, "--help"], prog_name="tallow", terminal_width=WIDTH,
                                 env={"COLUMNS": str(WIDTH), "NO_COLOR": "1"})

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from rich.console import Console
+if TYPE_CHECKING:  # rich is imported when something is rendered, not with every command
+    from rich.console import Console
 
-from tallow.runtime.types import FinalEvent
+    from tallow.runtime.types import FinalEvent
 
 
 def _plain() -> bool:
@@ -18,11 +19,15 @@ def _plain() -> bool:
 
 
 def err_console() -> Console:
+    from rich.console import Console
+
     # Rich drops styling by itself when the stream is not a terminal.
     return Console(stderr=True, highlight=False, markup=False, **({"color_system": None} if _plain() else {}))
 
 
 def out_console() -> Console:
+    from rich.console import Console
+
     """stdout; when it is not a terminal, never wrap or truncate what scripts will parse."""
     tty = sys.stdout.isatty()
     return Console(highlight=False, markup=False, soft_wrap=True, width=None if tty else 10_000,
@@ -108,3 +113,26 @@ def stats_line(final: FinalEvent) -> str:
     if final.finish_reason != "stop":
         parts.append(final.finish_reason)
     return " · ".join(parts)
+
+
+def emit_rows(rows: list[dict], output: str, table) -> None:
+    """Result rows on stdout as json, jsonl, csv (every key any row has; lists as JSON), or
+    through `table(rows, markdown)` for table and md (local and --endpoint bench alike)."""
+    import csv
+    import io
+    import json
+
+    out = sys.stdout
+    if output == "json":
+        out.write(json.dumps(rows, indent=1) + "\n")
+    elif output == "jsonl":
+        out.writelines(json.dumps(r) + "\n" for r in rows)
+    elif output == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
+        out.write(buf.getvalue())
+    else:
+        table(rows, markdown=output == "md")

@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import TallowError
+from tallow.common.errors import TallowError
 
 _CHUNK = 1 << 20  # bytes read at a time while hashing
 

@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import GGUFError
+from tallow.models.errors import GGUFError
 
 ENCODERS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's enum llama_pooling_type
@@ -118,7 +118,7 @@ def _vocabulary(tok: dict) -> tuple[list[str], list[int], dict[str, int]]:
     unk = model.get("unk_token", "[UNK]")
     prefix = model.get("continuing_subword_prefix", "##")
     tokens, types = [], []
-    for i, t in by_id:
+    for _, t in by_id:
         if t in special.values() or t in special:
             tokens.append(t)
             types.append(_UNKNOWN if t == unk else _CONTROL)

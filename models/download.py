@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import FetchError, IntegrityError
-from .names import check_digest
-from .store import Store
+from tallow.models.errors import FetchError, IntegrityError
+from tallow.models.names import check_digest
+from tallow.models.store import Store
 
 ProgressFn = Callable[[str, int, int], None]  # (label, done_bytes, total_bytes)
 _CHUNK = 1 << 20

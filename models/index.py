@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from typing import Callable
 from urllib.parse import urldefrag, urljoin
 
-from .errors import FetchError
+from tallow.models.errors import FetchError
 
 PYPI_SIMPLE = "https://pypi.org/simple/"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"

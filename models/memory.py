@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from .errors import TallowError
+from tallow.models.errors import TallowError
 
 CTX_STEP = 256  # llama.cpp pads the context to a multiple of this
 VRAM_MARGIN = 512 * 2**20  # left free on a GPU for the driver and fragmentation

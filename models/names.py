@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import InvalidName
+from tallow.models.errors import InvalidName
 
 # A name is one or more '/'-separated segments, then an optional ':tag'.
 # Segments start with a letter or digit, so '.', '..', hidden files, absolute paths

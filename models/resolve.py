@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .catalog import CATALOG, PackagedModel
-from .download import ProgressFn, no_progress
-from .errors import IntegrityError, ModelNotFound
-from .gguf_file import check_gguf
-from .pull import PullOptions, pull
-from .names import near_names, shown
-from .refs import HubRef, NameRef, PathRef, parse_ref
-from .store import Store
+from tallow.models.catalog import CATALOG, PackagedModel
+from tallow.models.download import ProgressFn, no_progress
+from tallow.models.errors import IntegrityError, ModelNotFound
+from tallow.models.gguf_file import check_gguf
+from tallow.models.names import near_names, shown
+from tallow.models.pull import PullOptions, pull
+from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
+from tallow.models.store import Store
 
 
 @dataclass(frozen=True)

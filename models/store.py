@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tallow.common.files import sha256_file, write_atomic
-
-from .errors import IntegrityError, InvalidName, ModelNotFound, TallowError
-from .names import ModelName, check_digest, near_names, parse_name, shown
+from tallow.models.errors import IntegrityError, InvalidName, ModelNotFound, TallowError
+from tallow.models.names import ModelName, check_digest, near_names, parse_name, shown
 
 MANIFEST_SCHEMA = 1
 

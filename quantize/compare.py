@@ -6,9 +6,8 @@ from typing import Callable
 
 from tallow.models.gguf_file import read_gguf
 from tallow.models.resolve import LocalModel
+from tallow.quantize.evaluate import EvalResult, decode_speed, evaluate, shipped_text
 from tallow.runtime.types import LoadSettings
-
-from .evaluate import EvalResult, decode_speed, evaluate, shipped_text
 
 
 def compare_models(models: list[LocalModel], load: LoadSettings, text: str | None, n_ctx: int, chunks: int | None,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from importlib.resources import files
 from typing import Callable
 
-from .errors import QuantizeError
+from tallow.quantize.errors import QuantizeError
 
 
 def shipped_text() -> str:

@@ -14,10 +14,9 @@ from typing import Callable
 
 from tallow.models.gguf_file import read_gguf
 from tallow.models.resolve import LocalModel
+from tallow.quantize.errors import QuantizeError
+from tallow.quantize.evaluate import shipped_text, text_tokens, windows
 from tallow.runtime.types import LoadSettings
-
-from .errors import QuantizeError
-from .evaluate import shipped_text, text_tokens, windows
 
 
 def compute_imatrix(model: LocalModel, text: str | None, n_ctx: int, max_chunks: int | None, load: LoadSettings,

@@ -9,15 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tallow.common.files import sha256_file
 from tallow.models.download import check_disk, disk_free
 from tallow.models.gguf_file import read_gguf
 from tallow.models.pull import gguf_facts
 from tallow.models.resolve import LocalModel
-from tallow.common.files import sha256_file
 from tallow.models.store import Manifest, Store, StoredFile
-
-from .errors import QuantizeError
-from .types import SOURCE_TYPES, ggml_type_id, quant_type
+from tallow.quantize.errors import QuantizeError
+from tallow.quantize.types import SOURCE_TYPES, ggml_type_id, quant_type
 
 ProgressFn = Callable[[int, int, str], None]  # (tensors done, tensors in all, tensor name)
 
@@ -51,7 +50,7 @@ def _plan(source: LocalModel, opts: QuantizeOptions):
     if opts.imatrix is not None:
         if not Path(opts.imatrix).is_file():
             raise QuantizeError(f"no such imatrix file: {opts.imatrix}")
-        from .imatrix import read_imatrix
+        from tallow.quantize.imatrix import read_imatrix
 
         read_imatrix(opts.imatrix)  # a bad file is refused here, not in the child
     return qt, info
@@ -86,7 +85,7 @@ def type_sizes(source: LocalModel) -> dict[str, tuple[int | None, float | None]]
     """What the file would weigh in each type, and its bits per weight (the whole file, as
     `tallow eval` counts them), for this model: llama.cpp's dry run in the child plans every
     tensor as a real run would and writes nothing. None where llama.cpp refuses the type."""
-    from .types import TYPES
+    from tallow.quantize.types import TYPES
 
     if len(source.paths) > 1:
         raise QuantizeError(f"{source.name} is split into {len(source.paths)} files; tallow quantizes single-file models")

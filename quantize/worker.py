@@ -44,7 +44,7 @@ def main() -> int:
         return dry_runs(backend, args)
     imatrix = None
     if args.get("imatrix"):
-        from .imatrix import read_imatrix
+        from tallow.quantize.imatrix import read_imatrix
 
         imatrix = read_imatrix(args["imatrix"])
     rc = backend.quantize(args["source"], args["output"], args["ftype"], threads=args["threads"],

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import llama_cpp.llama_cpp as C
 
-from . import interrupt
-from .errors import BackendError
-from .types import ContextParams, SamplerParams  # noqa: F401 - the parameters of Context and Sampler
+from tallow.runtime import interrupt
+from tallow.runtime.errors import BackendError
+from tallow.runtime.types import ContextParams, SamplerParams  # noqa: F401 - the parameters of Context and Sampler
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -154,7 +154,7 @@ class Model:
     """A loaded model and its vocabulary."""
 
     def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True, no_alloc: bool = False) -> None:
-        """`extra_buffers`: repacked weight layouts for faster CPU kernels (runtime/machine.py
+        """`extra_buffers`: repacked weight layouts for faster CPU kernels (runtime/calibration/machine.py
         decides); `no_alloc`: read the metadata and plan the buffers, allocate no weights."""
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers

@@ -94,7 +94,7 @@ def rss_bytes() -> int:
 
 def run_test(engine, test: BenchTest, reps: int, on_rep: Callable[[int], None] | None = None) -> BenchResult:
     """Time `reps` repetitions of one test (after an untimed warm-up)."""
-    from .backend import Sampler, SamplerParams
+    from tallow.runtime.backend import Sampler, SamplerParams
 
     rng = random.Random(42)
     vocab = engine.model.n_vocab
@@ -184,7 +184,7 @@ def run_parallel(scheduler, n_prompt: int, n_gen: int, reps: int) -> ParallelRes
     """N requests submitted together to the scheduler that serve and batch use: their prompts
     prefilled in shared batches, then a batch per step with the next token of each. Timings
     are the requests' own (runtime/sequence.py), so these are the figures of the product."""
-    from .types import Request, Sampling
+    from tallow.runtime.types import Request, Sampling
 
     n = len(scheduler.slots)
     rng = random.Random(7)

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ContextOverflow
-from .types import FinalEvent, NoticeEvent, Sampling, TokenEvent
+from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling, TokenEvent
+
 
 def _draft(value: str) -> str | None:
     if value in ("lookup", "off"):

@@ -13,15 +13,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tallow.models.bert_import import POOLING
-
-from .errors import ContextOverflow
-from .loadplan import (choose_flash_attn, context_notes, default_context, extra_buffers, gpu_layer_count, plan_memory,
-                       read_shape)
-from .sequence import DiskPrefixes, OutputStream, Sequence, common_prefix
-from .speculative import LookupDrafter, verify
-from .threads import Governor, Registry, physical_cores
-from .text import opens_reasoning, reasoning_markers
-from .types import FinalEvent, LoadSettings, Request, Timings, TokenEvent
+from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.loadplan import (
+    choose_flash_attn,
+    context_notes,
+    default_context,
+    extra_buffers,
+    gpu_layer_count,
+    plan_memory,
+    read_shape,
+)
+from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, common_prefix
+from tallow.runtime.speculative import LookupDrafter, verify
+from tallow.runtime.text import opens_reasoning, reasoning_markers
+from tallow.runtime.threads import Governor, Registry, physical_cores
+from tallow.runtime.types import FinalEvent, LoadSettings, Request, Timings, TokenEvent
 
 _SEQ = 0
 
@@ -29,7 +35,7 @@ _SEQ = 0
 class Engine:
     def __init__(self, path: Path | list[Path], settings: LoadSettings) -> None:
         """Load a model file (or the shards of one, in order)."""
-        from . import backend
+        from tallow.runtime import backend
 
         started = time.perf_counter()
         backend.init(echo_logs=settings.echo_logs)
@@ -42,7 +48,7 @@ class Engine:
         self.extra_buffers = extra_buffers(settings)
         settings = replace(settings, flash_attn=self.flash_attn)
         if settings.check_memory:  # before anything is allocated
-            from .devices import gpu_free_memory
+            from tallow.runtime.devices import gpu_free_memory
 
             vram = settings.vram if settings.vram is not None else (gpu_free_memory() if offload else None)
             plan = plan_memory(paths, settings, offload, vram, shape)
@@ -89,7 +95,7 @@ class Engine:
     # -- prompts ---------------------------------------------------------------------------
     def chat_template(self):
         if self._template is None:
-            from .template import ChatTemplate
+            from tallow.runtime.template import ChatTemplate
 
             src = self.model.chat_template()
             if src is None:
@@ -113,7 +119,7 @@ class Engine:
 
     def tool_format(self) -> str:
         """The tool-call format family of the model's chat template (runtime/tools.py)."""
-        from .tools import detect_format
+        from tallow.runtime.tools import detect_format
 
         template = self.chat_template()
         return detect_format(template.source if template else None)
@@ -129,7 +135,7 @@ class Engine:
         kw_messages = messages
         messages, template_tools, kw = self._with_tools(messages, tools, template, markers, kw)
         if template_tools is not None or messages is not kw_messages:  # prefixes render as the prompt does
-            from .tools import prepare
+            from tallow.runtime.tools import prepare
 
             cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
         tokens = self.prompt_for(messages, raw=raw, tools=template_tools)
@@ -146,7 +152,7 @@ class Engine:
     @staticmethod
     def _with_tools(messages, tools, template, markers, kw):
         """Messages and template tools for a tool choice, and its grammar in the request."""
-        from .tools import constrain, prepare
+        from tallow.runtime.tools import constrain, prepare
 
         if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             return messages, None, kw
@@ -155,7 +161,7 @@ class Engine:
             grammar, lazy = constrain(tools, markers)
             if grammar is not None or lazy is not None:
                 if kw.get("grammar"):
-                    from .errors import GrammarError
+                    from tallow.runtime.errors import GrammarError
 
                     raise GrammarError("a tool choice and a response format cannot both constrain one answer")
                 kw = {**kw, "grammar": grammar, "lazy_grammar": lazy}
@@ -171,7 +177,7 @@ class Engine:
     # -- the disk cache of prompt prefixes ---------------------------------------------------
     def use_prompt_cache(self, cache, model_sha256: str) -> None:
         """Attach a PromptCache; states are keyed by everything that shapes the KV contents."""
-        from .prompt_cache import fingerprint
+        from tallow.runtime.prompt_cache import fingerprint
 
         s = self._settings
         self.disk = DiskPrefixes(cache, fingerprint({
@@ -253,7 +259,7 @@ class Engine:
     def sampler_for(self, request: Request):
         """A C sampler chain for the request's settings (the caller closes it); with a lazy
         tool-call grammar, one that swaps the grammar in when a call opens."""
-        from .backend import Sampler, SamplerParams
+        from tallow.runtime.backend import Sampler, SamplerParams
 
         s = request.sampling
         banned = self.model.eog_tokens() if request.ignore_eos else ()
@@ -265,7 +271,7 @@ class Engine:
                                                      s.frequency_penalty, s.presence_penalty, request.logit_bias))
 
         if request.lazy_grammar is not None:
-            from .tools import TriggeredSampler
+            from tallow.runtime.tools import TriggeredSampler
 
             return TriggeredSampler(make, self.model.piece, request.lazy_grammar)
         return make(request.grammar)

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from .errors import GrammarError
+from tallow.runtime.errors import GrammarError
 
 _IDENT = re.compile(r"[a-zA-Z0-9_-]+")
 _REPEAT = re.compile(r"\{\s*(\d*)\s*(,?)\s*(\d*)\s*\}")
@@ -110,7 +110,7 @@ def grammar_for(json_format: bool, schema: dict[str, Any] | None) -> str | None:
     """The grammar for `--format json` or `--json-schema`, checked; None when neither."""
     if schema is None and not json_format:
         return None
-    from . import backend
+    from tallow.runtime import backend
 
     try:
         text = backend.json_grammar() if schema is None else backend.schema_grammar(json.dumps(schema))

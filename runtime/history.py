@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .types import FinalEvent
+from tallow.runtime.types import FinalEvent
 
 
 def m001_initial(db: sqlite3.Connection) -> None:

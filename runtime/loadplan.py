@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tallow.common.errors import TallowError
-
-from .types import LoadSettings
+from tallow.runtime.types import LoadSettings
 
 
 def gpu_layer_count(choice: str, offload_supported: bool, fit_layers: int | None = None) -> int:
@@ -51,7 +50,7 @@ def read_shape(paths: list[Path]):
 
 def choose_flash_attn(settings: LoadSettings, shape) -> str:
     """--flash-attn, or for "auto" what this machine's timings say suits the context's work."""
-    from .machine import Workload
+    from tallow.runtime.calibration.machine import Workload
 
     if settings.flash_attn != "auto" or settings.machine is None or shape is None:
         return settings.flash_attn
@@ -73,8 +72,8 @@ def extra_buffers(settings: LoadSettings) -> bool:
     """The machine's repack verdict; without one, extra buffers only where no type needs a probe."""
     if settings.machine is not None:
         return settings.machine.repack
-    from .devices import extra_buffer_types
-    from .machine import PROBED
+    from tallow.runtime.calibration.machine import PROBED
+    from tallow.runtime.devices import extra_buffer_types
 
     return not any(t in PROBED for t in extra_buffer_types())
 
@@ -83,9 +82,9 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
                 shape=None) -> MemoryPlan:
     """The context, GPU layers and memory estimate for a load, from the GGUF headers alone,
     and why it cannot fit if it cannot."""
-    from tallow.models.memory import CTX_STEP, available_memory, check_fit, estimate, largest_context, layers_for_vram
-
     from dataclasses import replace
+
+    from tallow.models.memory import CTX_STEP, available_memory, check_fit, estimate, largest_context, layers_for_vram
 
     shape = shape or read_shape(paths)
     settings = replace(settings, flash_attn=choose_flash_attn(settings, shape))

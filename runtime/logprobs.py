@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from .types import TokenEvent
+from tallow.runtime.types import TokenEvent
 
 
 def with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
@@ -21,3 +22,14 @@ def with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
         idx = idx[np.argsort(-z[idx], kind="stable")]
         best = tuple((int(i), float(z[i] - logz)) for i in idx)
     return replace(event, logprob=float(z[event.token] - logz), top_logprobs=best)
+
+
+def token_logprob(ev: TokenEvent, piece) -> dict[str, Any]:
+    """One entry of a chat `logprobs.content` list; `piece(token)` gives the token's bytes."""
+    def entry(token: int, lp: float) -> dict[str, Any]:
+        raw = piece(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
+
+    out = entry(ev.token, ev.logprob)
+    out["top_logprobs"] = [entry(t, lp) for t, lp in ev.top_logprobs]
+    return out

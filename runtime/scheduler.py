@@ -26,14 +26,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from tallow.common.errors import TallowError
-
-from .engine import Engine
-from .errors import BackendError, ContextOverflow
-from .histogram import Histogram
-from .sequence import OutputStream, Sequence, common_prefix
-from .speculative import LookupDrafter, verify
-from .types import FinalEvent, LoadSettings, Request, TokenEvent
-
+from tallow.runtime.engine import Engine
+from tallow.runtime.errors import BackendError, ContextOverflow
+from tallow.runtime.histogram import Histogram
+from tallow.runtime.sequence import OutputStream, Sequence, common_prefix
+from tallow.runtime.speculative import LookupDrafter, verify
+from tallow.runtime.types import FinalEvent, LoadSettings, Request, TokenEvent
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
 # rows), past which a tiled kernel with its own summation order takes over.

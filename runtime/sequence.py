@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .logprobs import with_logprobs
-from .text import Detokenizer, ReasoningSplitter, StopMatcher
-from .types import FinalEvent, Request, Timings, TokenEvent, Usage
+from tallow.runtime.logprobs import with_logprobs
+from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
+from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .errors import TemplateError
+from tallow.runtime.errors import TemplateError
 
 MAX_OUTPUT_CHARS = 4_000_000
 MAX_RENDER_S = 2.0

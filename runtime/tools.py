@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import GrammarError
+from tallow.runtime.errors import GrammarError
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
 # What the answer starts with once a call begins, after the format's marker.
@@ -173,7 +173,7 @@ def _rebase_refs(schema: Any, base: str) -> Any:
 def _argument_rules(tools: tuple[Tool, ...]) -> str:
     """Rules `targ0`, `targ1`, ... for each tool's arguments, from one conversion (llama.cpp's
     schema converter, through the backend) so that shared rule names never clash."""
-    from . import backend
+    from tallow.runtime import backend
 
     wrapper = {"type": "object", "required": [f"targ{i}" for i in range(len(tools))],
                "properties": {f"targ{i}": _rebase_refs(t.parameters or {"type": "object"}, f"#/properties/targ{i}")
@@ -252,7 +252,7 @@ class LazyGrammar:
 
 def constrain(choice: ToolChoice | None, reasoning: tuple[str, str] | None = None) -> tuple[str | None, LazyGrammar | None]:
     """(a grammar from the first token, a lazy one) for a tool choice; checked GBNF."""
-    from .grammar import check_gbnf
+    from tallow.runtime.grammar import check_gbnf
 
     if choice is None or not choice.offered:
         return None, None
@@ -263,7 +263,7 @@ def constrain(choice: ToolChoice | None, reasoning: tuple[str, str] | None = Non
         check_gbnf(text)
         return text, None
     check_gbnf(g.after(""))
-    from .toolparse import MARKERS
+    from tallow.runtime.toolparse import MARKERS
 
     return None, LazyGrammar(MARKERS[choice.format], g, reasoning)
 

@@ -30,8 +30,8 @@ class LoadSettings:
     registry: object = None  # folder of the running engines' thread claims (runtime/threads.py)
     related_pids: tuple[int, ...] = ()  # processes whose CPU time is this engine's own work (a runner's server)
     adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
-    embeddings: bool = False  # an embedding context (runtime/embed.py): pooled vectors, no sampling
-    pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embed.py)
+    embeddings: bool = False  # an embedding context (runtime/embedding/embed.py): pooled vectors, no sampling
+    pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embedding/embed.py)
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Request:
 
 @dataclass
 class Usage:
-    prompt_tokens: int | None = 0  # None: a remote server did not report it (serve/remote.py)
+    prompt_tokens: int | None = 0  # None: a remote server did not report it (client/endpoint.py)
     cached_tokens: int | None = 0  # None: not reported
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # part of completion_tokens spent inside a reasoning block

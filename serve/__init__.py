@@ -1,1 +1,1 @@
-"""The service layer over the runtime: the HTTP server, OpenAI's wire format, JSONL batch jobs and metrics."""
+"""tallow serve: the runner app (one model per process), the multi-model front, and the HTTP plumbing both share."""

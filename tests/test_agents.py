@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from synth import HERMES, write_synthetic_gguf
-from test_serve import Server
+from helpers.server import Server
+from helpers.synth import HERMES, write_synthetic_gguf
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -246,7 +245,7 @@ def test_reasoning_items_and_thinking_blocks(tmp_path):
 
 
 def test_run_tools_prints_calls_and_batch_records_carry_them(loop_model, tmp_path):
-    from conftest import run_tallow
+    from helpers.processes import run_tallow
 
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps([t["function"] for t in CHAT_TOOLS]))

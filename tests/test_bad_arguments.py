@@ -5,8 +5,7 @@ mistyped values; names that would leave the store."""
 from __future__ import annotations
 
 import pytest
-
-from conftest import run_tallow
+from helpers.processes import run_tallow
 
 USAGE, ERROR = 2, 1
 HUGE = "x" * 100_000

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import run_tallow
+from helpers.processes import run_tallow
 
 
 def write_jsonl(path, rows):

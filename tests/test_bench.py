@@ -7,8 +7,7 @@ import io
 import json
 
 import pytest
-
-from conftest import run_tallow
+from helpers.processes import run_tallow
 
 LLAMA_BENCH_FIELDS = ["n_prompt", "n_gen", "n_depth", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "type_k",
                       "type_v", "flash_attn", "model_filename", "model_size", "model_n_params", "avg_ns", "stddev_ns",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from helpers.synth import write_synthetic_gguf
 
-from synth import write_synthetic_gguf
 from tallow.runtime.chat import ChatSettings, Conversation
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import ContextOverflow
@@ -123,7 +123,7 @@ def test_hide_thinking_shows_only_the_answer(capsys):
 
     from rich.console import Console
 
-    from tallow.cli.chat import _show
+    from tallow.cli.commands.chat import _show
 
     shown = io.StringIO()
     _show(Console(file=shown, color_system=None), "answer", "private reasoning", hide_thinking=False)
@@ -134,7 +134,7 @@ def test_hide_thinking_shows_only_the_answer(capsys):
 
 
 def test_chat_through_pipes_has_no_stats_line_unless_asked_and_load_errors_have_a_hint(synth_model, tmp_path):
-    from conftest import run_tallow
+    from helpers.processes import run_tallow
 
     script = b"hello\n/load nosuch\n/save kept\n/load nosuch\n/bye\n"
     plain = run_tallow(["chat", str(synth_model), "--max-tokens", "3", "--no-log"], home=tmp_path, input=script)

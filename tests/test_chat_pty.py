@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from terminal import Terminal
+from helpers.terminal import Terminal
 
 
 def test_chat_turns_commands_ctrl_c_and_on(default_home):

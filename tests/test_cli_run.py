@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
+from helpers.processes import run_tallow
 
-from conftest import run_tallow
 from tallow.runtime.types import FinalEvent, Request, Sampling
 
 MODEL = "smollm2:135m"

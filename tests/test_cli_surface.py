@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import run_tallow
-from terminal import Terminal
+from helpers.processes import run_tallow
+from helpers.terminal import Terminal
 
 
 def all_commands() -> list[list[str]]:
@@ -118,3 +117,30 @@ def test_pipes_get_plain_text(synth_model, tmp_path):
     for args in (["list"], ["show", "s:t"], ["run", "s:t", "hi", "-n", "4", "--stats", "--no-log"]):
         r = subprocess.run([sys.executable, "-m", "tallow.cli", *args], env=env, capture_output=True, timeout=120)
         assert r.returncode == 0 and b"\x1b" not in r.stdout + r.stderr, args
+
+
+def test_the_command_table_says_what_each_command_s_own_help_says():
+    """`tallow --help` lists the commands from cli/app.py's table without importing them; each
+    line there is the command's own one-line help, and every command is in the table."""
+    import typer.main
+
+    from tallow.cli.app import COMMANDS, app, load_command
+
+    for name, (_, _, short, hidden) in COMMANDS.items():
+        cmd = load_command(name)
+        assert cmd.get_short_help_str(200) == short and bool(cmd.hidden) == hidden, name
+    root = typer.main.get_command(app)
+    assert root.list_commands(None) == list(COMMANDS)
+
+
+def test_help_and_list_import_no_command_they_do_not_run(tmp_path):
+    probe = ("import sys; from tallow.cli.app import run_app; run_app(sys.argv[1:]); "
+             "print(sorted(m for m in sys.modules if m.startswith(('tallow.cli.commands.', 'rich', 'pydantic'))),"
+             " file=sys.stderr)")
+    env = {**os.environ, "TALLOW_HOME": str(tmp_path)}
+    helped = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, env=env)
+    assert helped.stderr.strip() == "[]", helped.stderr  # no command, no rich, no pydantic
+    listed = subprocess.run([sys.executable, "-c", probe, "list"], capture_output=True, text=True, env=env)
+    loaded = eval(listed.stderr.strip().splitlines()[-1])
+    assert [m for m in loaded if m.startswith("tallow.cli.commands.")] == ["tallow.cli.commands.store_cmds"]
+    assert not [m for m in loaded if m.startswith("pydantic")], loaded

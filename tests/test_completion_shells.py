@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import run_tallow
-from terminal import Terminal
+from helpers.processes import run_tallow
+from helpers.terminal import Terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 TALLOW = Path(sys.executable).parent / "tallow"  # the console script pip installed beside this python

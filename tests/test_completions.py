@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import run_tallow
+from helpers.processes import run_tallow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,13 +9,14 @@ import json
 
 import jsonschema
 import pytest
+from helpers.server import Server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_serve import Server
 from tallow.common.errors import TallowError
-from tallow.serve import anthropic_api, responses_api
-from tallow.serve.openai_api import Limits, parse_chat, parse_completion, to_request
+from tallow.wire import anthropic_api, responses_api
+from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.request import Limits
 
 openai = pytest.importorskip("openai")
 

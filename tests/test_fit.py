@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from helpers.processes import run_tallow
 
-from conftest import run_tallow
 from tallow.common.errors import TallowError
 from tallow.models.gguf_file import read_gguf
 from tallow.models.memory import Shape, check_fit, estimate, largest_context, layers_for_vram

@@ -6,7 +6,6 @@ one replica."""
 from __future__ import annotations
 
 import json
-
 import signal
 import subprocess
 import sys
@@ -14,10 +13,9 @@ import time
 from collections import Counter
 
 import pytest
-
-from conftest import run_tallow, tallow_env
-from standin import StandIn
-from test_serve import Server
+from helpers.processes import run_tallow, tallow_env
+from helpers.server import Server
+from helpers.standin import StandIn
 
 GROUPS = 3
 PER_GROUP = 100

@@ -5,10 +5,10 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
+from helpers.gguf_corpus import malformed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gguf_corpus import malformed
 from tallow.models.errors import GGUFError
 from tallow.models.gguf_file import read_gguf
 
@@ -39,7 +39,7 @@ def test_every_malformed_file_is_refused_with_bounded_memory(synth_model, tmp_pa
 
 @pytest.fixture(scope="module")
 def seeds(synth_model, default_model, tmp_path_factory) -> list[bytes]:
-    from fuzz_gguf import write_seeds
+    from helpers.fuzz_gguf import write_seeds
 
     folder = tmp_path_factory.mktemp("seeds")
     write_seeds(folder, synth_model, default_model)
@@ -81,11 +81,11 @@ def test_atheris_finds_no_crash(synth_model, default_model, tmp_path):
     import sys
     from pathlib import Path
 
-    from fuzz_gguf import write_seeds
+    from helpers.fuzz_gguf import write_seeds
 
     corpus = tmp_path / "corpus"
     write_seeds(corpus, synth_model, default_model)
-    script = Path(__file__).resolve().parent / "fuzz_gguf.py"
+    script = Path(__file__).resolve().parent / "helpers" / "fuzz_gguf.py"
     r = subprocess.run([sys.executable, str(script), str(corpus), "-runs=4000", "-seed=1", "-max_len=65536"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -6,9 +6,9 @@ import json
 import sqlite3
 
 import pytest
+from helpers.processes import run_tallow
+from helpers.synth import write_synthetic_gguf
 
-from conftest import run_tallow
-from synth import write_synthetic_gguf
 from tallow.runtime.history import MIGRATIONS, History, migrate
 from tallow.runtime.types import FinalEvent, Timings, Usage
 

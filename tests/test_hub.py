@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from helpers.processes import run_tallow
 
-from conftest import run_tallow
 from tallow.models.errors import FetchError, IntegrityError, ModelNotFound, TallowError
 from tallow.models.hub import Hub, HubFile, choose, quant_of
 from tallow.models.pull import PullOptions, pull
@@ -157,11 +157,11 @@ def test_catalog_short_name_pulls_its_repository(fake_hub, synth_model, tmp_path
 
 
 def test_sharded_model_is_pulled_whole_and_loads(fake_hub, tmp_path):
-    import numpy as np
     import gguf
+    import numpy as np
 
     repo = "tallow-test/Sharded-GGUF"
-    from synth import write_synthetic_gguf
+    from helpers.synth import write_synthetic_gguf
 
     whole = write_synthetic_gguf(tmp_path / "whole.gguf")
     # split with the gguf package's own reader/writer: two shards, tensors divided between them
@@ -265,8 +265,8 @@ def test_an_unreachable_hub_is_one_error_at_once_without_retries(tmp_path):
 
 
 def test_the_pull_progress_bar_stays_on_one_line_in_80_columns(fake_hub, synth_model, tmp_path):
-    from conftest import tallow_env
-    from terminal import Terminal, plain
+    from helpers.processes import tallow_env
+    from helpers.terminal import Terminal, plain
 
     repo = "tallow-test/A-Rather-Long-Repository-Name-Instruct-GGUF"
     fake_hub.add(repo, "a-rather-long-repository-name-instruct-q4_k_m.gguf", synth_model)

@@ -10,14 +10,15 @@ import subprocess
 import sys
 import time
 
-from conftest import tallow_env
+from helpers.processes import default_sigint, tallow_env
 
 PROMPT = " ".join(f"Item {i}: a line of text about the colour of the sky and the sea." for i in range(40))
 
 
 def _start(home, args, env=None):
     return subprocess.Popen([sys.executable, "-m", "tallow.cli", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tallow_env(home, env))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tallow_env(home, env),
+                            preexec_fn=default_sigint)
 
 
 def _wait_for_llama(proc, timeout: float = 30) -> float:
@@ -106,7 +107,7 @@ def test_ctrl_c_stops_serve_with_130_idle_and_mid_answer(synth_model, tmp_path):
                                          {"Content-Type": "application/json"})
             got = threading.Event()
 
-            def client():
+            def client(req=req, got=got):
                 try:
                     with urllib.request.urlopen(req, timeout=60) as resp:
                         resp.readline()

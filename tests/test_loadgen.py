@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_tallow
-from test_remote import replica  # noqa: F401 - the fixture: one replica of the synthetic model
+from helpers.processes import run_tallow
 
 
 def test_concurrency_sweep_figures(replica, tmp_path):

@@ -7,9 +7,9 @@ import json
 import time
 
 import pytest
+from helpers.processes import run_tallow
 
-from conftest import run_tallow
-from tallow.runtime.machine import Profile, Workload, has_amx
+from tallow.runtime.calibration.machine import Profile, Workload, has_amx
 
 
 def _env(tmp_path, **extra) -> dict:
@@ -134,8 +134,7 @@ def test_doctor_names_the_failing_check(tmp_path):
 def test_a_file_llama_cpp_cannot_load_never_enters_the_store(tmp_path):
     import gguf
     import numpy as np
-
-    from synth import write_synthetic_gguf
+    from helpers.synth import write_synthetic_gguf
 
     bad = tmp_path / "zero.gguf"
     add = gguf.GGUFWriter.add_tensor

@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from conftest import run_tallow
-from synth import write_synthetic_gguf
-from test_serve import Server
+from helpers.processes import run_tallow
+from helpers.server import Server
+from helpers.synth import write_synthetic_gguf
 
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")

@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from conftest import make_wheel, new_user_env, start_package_index
-from terminal import Terminal, plain
+from helpers.package_index import make_wheel, start_package_index
+from helpers.processes import new_user_env
+from helpers.terminal import Terminal, plain
 
 ROOT = Path(__file__).resolve().parent.parent
 EMOJI = "Write the word coffee followed by the coffee emoji ☕ and a smiley 😀."

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from synth import write_synthetic_gguf
-from test_serve import Server
+from helpers.server import Server
+from helpers.synth import write_synthetic_gguf
 
 ollama = pytest.importorskip("ollama")
 
@@ -19,7 +18,7 @@ USER = [{"role": "user", "content": "Say something"}]
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, synth_model):
     """A TALLOW_HOME with one stored model (imported, as users do with their own files)."""
-    from conftest import run_tallow
+    from helpers.processes import run_tallow
 
     home = tmp_path_factory.mktemp("ollama-home")
     done = run_tallow(["import", str(synth_model), "--name", "synth:tiny"], home=home)
@@ -151,7 +150,7 @@ def test_pull_from_the_hub_emulator_streams_progress(fake_hub, synth_model, tmp_
 
 
 def test_tool_calls_through_ollama(tmp_path):
-    from synth import HERMES
+    from helpers.synth import HERMES
     from test_agents import CALL  # the call the scripted model makes
 
     model = write_synthetic_gguf(tmp_path / "agent.gguf", template=HERMES,

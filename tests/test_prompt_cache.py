@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.processes import run_tallow
 
-from conftest import run_tallow
 from tallow.runtime.engine import Engine
 from tallow.runtime.prompt_cache import PromptCache
 from tallow.runtime.types import FinalEvent, LoadSettings, Sampling

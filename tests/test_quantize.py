@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
+from helpers.processes import run_tallow, test_home
 
-from conftest import _test_home, run_tallow
 from tallow.models.resolve import locate
 from tallow.models.store import Store
 from tallow.quantize.errors import QuantizeError
@@ -39,7 +39,7 @@ def dequantize_to_f16(src, dest):
 
 @pytest.fixture(scope="session")
 def f16_model(default_model):
-    dest = _test_home() / "smollm2-135m-f16.gguf"
+    dest = test_home() / "smollm2-135m-f16.gguf"
     if not dest.exists():
         tmp = dest.with_suffix(".partial")
         dequantize_to_f16(default_model, tmp)
@@ -121,7 +121,8 @@ def test_perplexity_windows_are_llama_perplexity_s_on_a_model_that_adds_bos(tmp_
     """llama.cpp's perplexity tool tokenizes the whole text with BOS in front, cuts windows of
     n_ctx from that, and puts BOS in place of each window's first token. Windows cut from the
     text without BOS are shifted by one token: a different perplexity (1.2% on Gemma 3)."""
-    from synth import write_synthetic_gguf
+    from helpers.synth import write_synthetic_gguf
+
     from tallow.quantize.evaluate import evaluate
     from tallow.runtime.engine import Engine
     from tallow.runtime.types import LoadSettings
@@ -201,7 +202,7 @@ def _rows(text: str) -> dict[str, list[str]]:
 
 
 def test_type_list_shows_the_mixes_not_only_the_block_format():
-    out = run_tallow(["quantize", "--list"], home=_test_home()).stdout.decode()
+    out = run_tallow(["quantize", "--list"], home=test_home()).stdout.decode()
     rows = _rows(out)
     bpw = {name: float(r[1]) for name, r in rows.items() if name in ("Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ2_M")}
     assert bpw["Q4_K_M"] > bpw["Q4_K_S"] and bpw["Q3_K_L"] > bpw["Q3_K_M"] > bpw["Q3_K_S"]  # mixes differ

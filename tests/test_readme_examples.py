@@ -1,5 +1,5 @@
 """Every console example of the README, run in order as a newcomer would, on a terminal, in a
-fresh home, and held against what the README shows (tests/readme_examples.py says how).
+fresh home, and held against what the README shows (tests/helpers/readme_examples.py says how).
 
 The machine is this one, so timings, answers and this CPU's figures are not compared; the
 default model comes from a local package index (as pip's would serve it), nothing from the
@@ -14,10 +14,10 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from conftest import make_wheel, new_user_env, start_package_index
-from readme_examples import Block, compare, parse
-from terminal import Terminal, plain
+from helpers.package_index import make_wheel, start_package_index
+from helpers.processes import new_user_env
+from helpers.readme_examples import Block, compare, parse
+from helpers.terminal import Terminal, plain
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = parse((ROOT / "README.md").read_text(encoding="utf-8"))

@@ -1,8 +1,8 @@
-"""The rules the README examples are held to (tests/readme_examples.py) catch real drift."""
+"""The rules the README examples are held to (tests/helpers/readme_examples.py) catch real drift."""
 
 from __future__ import annotations
 
-from readme_examples import compare, parse
+from helpers.readme_examples import compare, parse
 
 STATS = "prompt 36 tok (0 cached) · TTFT 120 ms · prefill 302.0 tok/s · output 40 tok · decode 129.3 tok/s · load 147 ms"
 

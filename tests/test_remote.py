@@ -6,18 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
-from conftest import run_tallow
-from standin import StandIn
-from test_serve import Server
-
-
-@pytest.fixture(scope="module")
-def replica(synth_model, tmp_path_factory):
-    s = Server(synth_model, tmp_path_factory.mktemp("replica"), "--parallel", "2")
-    yield s
-    s.close()
+from helpers.processes import run_tallow
+from helpers.server import Server
+from helpers.standin import StandIn
 
 
 def test_run_against_a_replica_has_client_stats(replica, tmp_path):

@@ -14,8 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from test_serve import Server
+from helpers.server import Server
 
 openai = pytest.importorskip("openai")
 

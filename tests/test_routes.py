@@ -16,9 +16,8 @@ import time
 from dataclasses import asdict
 
 import pytest
-
-from conftest import run_tallow, tallow_env
-from test_serve import Server
+from helpers.processes import default_sigint, run_tallow, tallow_env
+from helpers.server import Server
 
 openai = pytest.importorskip("openai")
 
@@ -30,7 +29,7 @@ N = 24
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from synth import write_synthetic_gguf
+    from helpers.synth import write_synthetic_gguf
 
     return write_synthetic_gguf(tmp_path_factory.mktemp("routes") / "abc.gguf",
                                 script={"\n": "a", "a": "b", "b": "c", "c": "a"})
@@ -55,7 +54,7 @@ def via_chat(model, home, user, *, stop=None, schema=None, draft=False, logprobs
     from tallow.runtime.chat import ChatSettings, Conversation
     from tallow.runtime.engine import Engine
     from tallow.runtime.grammar import grammar_for
-    from tallow.serve.openai_api import token_logprob
+    from tallow.runtime.logprobs import token_logprob
     from tallow.runtime.prompt_cache import PromptCache
     from tallow.runtime.types import FinalEvent, LoadSettings, Sampling, TokenEvent
 
@@ -168,7 +167,7 @@ def test_cancellation_run_chat(model, tmp_path):
 
     proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", "run", str(model), "go", "-n", "100000", "--ctx",
                              "60000", "--temperature", "0"], env=tallow_env(tmp_path, ENV),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     assert proc.stdout.read(6) == b"abcabc"  # it is answering
     proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 130
@@ -203,7 +202,8 @@ def test_cancellation_serve_and_batch(model, tmp_path):
                            for i in range(4)))
     args = [sys.executable, "-m", "tallow.cli", "batch", str(src), "-o", str(out), "-m", str(model), "--parallel", "2",
             "--ctx", "16384"]
-    proc = subprocess.Popen(args, env=tallow_env(tmp_path, ENV), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(args, env=tallow_env(tmp_path, ENV), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
     time.sleep(1.5)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 130

@@ -9,11 +9,11 @@ import sys
 import textwrap
 
 import pytest
+from helpers.processes import run_tallow
 
-from conftest import run_tallow
+from tallow.common.files import sha256_file
 from tallow.models.errors import IntegrityError, InvalidName
 from tallow.models.names import parse_name
-from tallow.common.files import sha256_file
 from tallow.models.store import Manifest, Store
 
 

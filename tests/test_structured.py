@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.processes import run_tallow
 from jsonschema.validators import validator_for
 
-from conftest import run_tallow
 from tallow.runtime.errors import GrammarError
 from tallow.runtime.grammar import check_gbnf, grammar_for, load_schema
 from tallow.runtime.types import FinalEvent, Sampling

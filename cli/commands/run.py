@@ -1,0 +1,232 @@
+"""tallow run: one prompt in, a streamed answer out, and what it cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tallow.cli import options as o
+from tallow.cli import settings
+from tallow.cli.commands.history_cmds import log_turn, open_history
+from tallow.cli.errors import EXIT_INTERRUPTED
+from tallow.cli.models import open_model
+from tallow.cli.render import err_console, stats_line, stderr_is_terminal
+from tallow.common.errors import TallowError
+from tallow.runtime.types import FinalEvent, Request, Sampling
+
+
+def read_prompt(prompt: str | None) -> tuple[str, str | None]:
+    """(the prompt, the piped document when there is one and a PROMPT after it).
+    Piped stdin goes before PROMPT; invalid UTF-8 is replaced, not fatal."""
+    piped = ""
+    if not sys.stdin.isatty():
+        piped = sys.stdin.buffer.read().decode("utf-8", errors="replace").strip("\n")
+    text = "\n\n".join(p for p in (piped, prompt) if p)
+    if not text.strip():
+        raise typer.BadParameter("the prompt is empty: stdin had no text and no PROMPT was given", param_hint="PROMPT")
+    return text, (piped if piped and prompt else None)
+
+
+def run(
+    model: o.Model,
+    prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
+                                 "Without one, on a terminal: an interactive chat.", show_default=False),
+    system: o.System = None,
+    temperature: o.Temperature = 0.8,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    repeat_penalty: o.RepeatPenalty = 1.0,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = None,
+    stop: o.Stop = None,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = "auto",
+    flash_attn: o.FlashAttn = "auto",
+    raw: o.Raw = False,
+    offline: o.Offline = False,
+    as_json: o.Json = False,
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
+    stats: o.Stats = False,
+    quiet: o.Quiet = False,
+    hide_thinking: o.HideThinking = False,
+    no_log: o.NoLog = False,
+    no_cache: o.NoCache = False,
+    draft: o.Draft = None,
+    format_: o.Format = None,
+    json_schema: o.JsonSchema = None,
+    tools_file: Optional[Path] = typer.Option(None, "--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False),
+    tool_choice: str = typer.Option("auto", "--tool-choice", help="With --tools: auto, required, none, or a tool's name."),
+    tool_format: o.ToolFormat = "auto",
+    continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
+    cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
+    endpoint: o.Endpoint = None,
+    api_key: o.EndpointKey = None,
+) -> None:
+    """Run a model on one prompt and stream the answer.
+
+    With --endpoint, an OpenAI-compatible server answers (MODEL is its name for the model)
+    and the stats are measured here.
+
+    Example: tallow run smollm2:135m "Why is the sky blue?"
+    """
+    if logprobs is not None and not as_json:
+        raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
+    remote = o.endpoints(endpoint, api_key, offline)
+    if remote:
+        o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
+                        "--tools": tools_file is not None, "--tool-format": tool_format != "auto"})
+    tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
+    sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
+    grammar, schema = o.structured(format_, json_schema)
+    history = open_history(not no_log)
+    conversation_id, earlier, system = _continued(history, continue_, cid, system)
+    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
+    text, document = (None, None) if interactive else read_prompt(prompt)
+    if remote:
+        name, engine = model, o.remote_engine(remote[0], model, format_, schema, allow_logprobs=True)
+    else:
+        load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
+        if not interactive:
+            load = o.one_shot(load, text, max_tokens, draft is not None)
+        name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
+    with engine:
+        if interactive:
+            from tallow.cli.commands.chat import repl
+            from tallow.runtime.chat import ChatSettings, Conversation
+
+            conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw), system, earlier)
+            return repl(conv, name, hide_thinking, history, conversation_id,
+                        show_stats=not quiet and (stats or stderr_is_terminal()))
+        head = ([{"role": "system", "content": system}] if system else []) + earlier
+        messages = head + [{"role": "user", "content": text}]
+        # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
+        prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
+        request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
+                                 cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
+                                 grammar=grammar, logprobs=logprobs, tools=_tool_choice(engine, tool_spec))
+        tokens: list = []
+        final = _stream(engine, request, echo=not as_json and tool_spec is None,
+                        show_reasoning=not hide_thinking and stderr_is_terminal(),
+                        tokens=tokens if logprobs is not None else None)
+        if as_json or tool_spec is not None:
+            out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
+            if tool_spec is not None:
+                out.update(_calls(request, final, _tool_choice(engine, tool_spec)))
+            if logprobs is not None and remote:
+                out["logprobs"] = {"content": engine.last.logprobs}  # as the server gave them
+            elif logprobs is not None:
+                from tallow.runtime.logprobs import token_logprob
+
+                out["logprobs"] = {"content": [token_logprob(ev, engine.model.piece) for ev in tokens]}
+            sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        if not quiet and (stats or (stderr_is_terminal() and not as_json)):  # the JSON has the figures
+            err_console().print(stats_line(final), style="dim", soft_wrap=True)
+        if final.finish_reason != "interrupted":
+            engine.save_prompt(request)  # after everything is shown: saving never delays an answer
+    log_turn(history, conversation_id, name, system, text, final)
+    if final.finish_reason == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if grammar is not None:
+        o.check_structured(final.text, final.finish_reason, schema)
+
+
+def _read_tools(path: Path, choice: str, fmt: str | None):
+    """The tools of a --tools file (OpenAI's chat form, or {name, description, parameters}) and
+    the choice, checked as the server checks them."""
+    from tallow.wire.fields import tool_list
+
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TallowError(f"cannot read the tools in {path}: {exc}", "give a JSON list of function tools") from exc
+    if isinstance(items, list):
+        items = [t if isinstance(t, dict) and "type" in t else {"type": "function", "function": t} for t in items]
+    tools = tool_list(items, "--tools", "chat")
+    if not tools:
+        raise TallowError(f"{path} lists no tools")
+    if choice not in ("auto", "required", "none") and choice not in {t.name for t in tools}:
+        raise typer.BadParameter(f"{choice!r} is not auto, required, none or one of the tools", param_hint="--tool-choice")
+    return tools, choice, fmt
+
+
+def _tool_choice(engine, spec):
+    from tallow.runtime.tools import ToolChoice
+
+    if spec is None:
+        return None
+    tools, choice, fmt = spec
+    named = choice not in ("auto", "required", "none")
+    return ToolChoice(tools, "named" if named else choice, choice if named else None, True, fmt or engine.tool_format())
+
+
+def _calls(request, final: FinalEvent, choice) -> dict:
+    """The answer's content and calls, as a script wants them."""
+    from tallow.runtime.answer import Answer
+
+    outcome = Answer(choice).whole(final)
+    out = {"content": outcome.content if outcome.content.strip() or not outcome.calls else None,
+           "tool_calls": [{"id": cid, "name": n, "arguments": json.loads(a)} for cid, n, a in outcome.calls],
+           "finish_reason": outcome.finish_reason}
+    if outcome.error:
+        out["tool_call_error"] = outcome.error
+    return out
+
+
+def _continued(history, continue_: bool, cid: str | None, system: str | None):
+    """(conversation id, earlier messages, system prompt) for --continue / --cid."""
+    from tallow.runtime.history import History
+
+    if not (continue_ or cid):
+        return History.new_conversation_id(), [], system
+    if history is None:
+        raise TallowError("there is no history log to continue from", "logging is off (tallow logs on, or unset TALLOW_NO_LOG)")
+    cid = cid or history.latest_conversation()
+    logged_system, messages, _ = history.messages(cid) if cid else (None, [], None)
+    if not messages:
+        raise TallowError(f"no logged conversation {cid!r}" if cid else "no logged conversation to continue",
+                          "see them: tallow logs")
+    return cid, messages, system if system is not None else logged_system
+
+
+def _stream(engine, request: Request, echo: bool, show_reasoning: bool, tokens: list | None = None) -> FinalEvent:
+    """Stream the answer (and reasoning) as it comes; `tokens` collects the token events."""
+    out = sys.stdout
+    err = err_console() if show_reasoning else None
+    events = engine.stream(request)
+    final = None
+    try:
+        try:
+            for event in events:
+                if isinstance(event, FinalEvent):
+                    final = event
+                    continue
+                if tokens is not None:
+                    tokens.append(event)
+                if err is not None and event.reasoning:
+                    err.print(event.reasoning, style="dim", end="", markup=False)
+                if echo and event.text:
+                    out.write(event.text)
+                    out.flush()
+        except KeyboardInterrupt:
+            # The engine ends the request and hands back its final record.
+            final = events.throw(KeyboardInterrupt)
+        if echo:
+            out.write(final.tail + ("\n" if final.text and not final.text.endswith("\n") else ""))
+            out.flush()
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head -1`): stop quietly, as Unix tools do.
+        events.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        raise typer.Exit(0) from None
+    if final is None:
+        raise TallowError("the engine ended without a final record")
+    return final

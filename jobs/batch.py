@@ -1,0 +1,131 @@
+"""Offline batch inference: a JSONL file of requests through the scheduler, results appended
+line by line to another JSONL file, resumable.
+
+Each input line is a request object as the server takes it ({"id", "messages"} or
+{"id", "prompt"}, with the same optional settings), or an OpenAI Batch API line
+({"custom_id", "body"}). Each output line is written whole and flushed, so a run that is
+killed loses only the requests in flight, and running again skips ids already written.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any, Callable, Iterable, TextIO
+
+from tallow.common.errors import TallowError
+from tallow.jobs.records import BatchStats, Previous, Records, id_and_body, record_key
+from tallow.runtime.answer import Answer
+from tallow.runtime.logprobs import token_logprob
+from tallow.runtime.scheduler import Failure, Scheduler
+from tallow.runtime.types import FinalEvent
+from tallow.wire.fields import APIError, parse_json
+from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.request import Limits
+
+
+def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, limits: Limits,
+              previous: Previous, stats: BatchStats,
+              on_progress: Callable[[BatchStats], None] = lambda s: None) -> BatchStats:
+    """Run every request of `source` ((line number, text) pairs) not already in the output,
+    answered or failed, keeping the scheduler's slots full; write a record per request to
+    `out` as each finishes."""
+    engine = sched.engine
+    results: queue.Queue = queue.Queue()
+    in_flight: dict[int, tuple[Any, Any, Any]] = {}  # line number -> (id, handle, tool choice)
+    window = max(2, len(sched.slots) * 2)  # enough waiting to refill slots, without queueing the file
+    seen: set[str] = set()  # ids met in this input so far
+    records = Records(out, stats, on_progress)
+    write, error = records.write, records.error
+
+    def collect(block: bool) -> None:
+        while in_flight:
+            try:
+                job, event, entries = results.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if isinstance(event, Failure):
+                rid, _, _ = in_flight.pop(job)
+                error(job, rid, f"line {job}: {event.error.message}")
+            elif isinstance(event, FinalEvent):
+                rid, _, choice = in_flight.pop(job)
+                record = {"id": rid, "text": event.text, **event.to_dict(), **tool_fields(choice, event)}
+                if entries is not None:
+                    record["logprobs"] = {"content": entries}
+                write(record)
+                stats.done += 1
+                stats.completion_tokens += event.usage.completion_tokens
+                on_progress(stats)
+
+    try:
+        for lineno, text in source:
+            if not text.strip():
+                continue
+            rid = None
+            try:
+                body = parse_json(text.encode("utf-8"), "the line")
+                rid, body = id_and_body(body)
+                key = record_key(rid)
+                if key in seen:
+                    raise APIError(f"the id {key} appears twice in the input")
+                seen.add(key)
+                if key in previous.ids or key in previous.failed_ids:  # answered, or failed, before
+                    stats.skipped += key in previous.ids
+                    stats.failed_before += key not in previous.ids
+                    on_progress(stats)
+                    continue
+                if body.get("stream"):
+                    raise APIError("'stream' has no meaning in a batch", param="stream")
+                parsed = parse_chat(body, limits) if "messages" in body else parse_completion(body, limits)
+                request = to_request(engine, parsed)
+            except TallowError as exc:
+                if lineno in previous.failed_lines:  # said already: not written twice
+                    stats.failed_before += 1
+                    on_progress(stats)
+                else:
+                    error(lineno, rid, f"line {lineno}: {exc.message}")
+                continue
+            while len(in_flight) >= window:
+                collect(block=True)
+            try:
+                handle = sched.submit(request, on_event=_ends_to(results, lineno, engine.model.piece,
+                                                                 request.logprobs is not None))
+            except TallowError as exc:
+                error(lineno, rid, f"line {lineno}: {exc.message}")
+                continue
+            in_flight[lineno] = (rid, handle, parsed.tools)
+            collect(block=False)
+        while in_flight:
+            collect(block=True)
+    finally:
+        for _, handle, _ in in_flight.values():  # interrupted: nothing half-done is written
+            handle.cancel()
+    return stats
+
+
+def tool_fields(choice, final: FinalEvent) -> dict[str, Any]:
+    """A record's calls, when its request offered tools (as a chat answer's message has them)."""
+    if choice is None:
+        return {}
+    outcome = Answer(choice).whole(final)
+    out: dict[str, Any] = {"finish_reason": outcome.finish_reason,
+                           "tool_calls": [{"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                                          for cid, n, a in outcome.calls]}
+    if outcome.error:
+        out["tool_call_error"] = outcome.error
+    return out
+
+
+def _ends_to(results: queue.Queue, lineno: int, piece, logprobs: bool) -> Callable:
+    """An event callback that passes on how a request ended (a batch writes whole records, so
+    its per-token events would be queued just to be dropped), with the tokens'
+    log-probabilities when the request asked for them (as the API gives them)."""
+    entries: list[dict[str, Any]] = []
+
+    def on_event(event) -> None:
+        if isinstance(event, (FinalEvent, Failure)):
+            results.put((lineno, event, entries if logprobs else None))
+        elif logprobs and event.logprob is not None:
+            entries.append(token_logprob(event, piece))
+
+    return on_event

@@ -1,0 +1,315 @@
+"""`tallow batch --endpoint URL [--endpoint URL2 ...]`: a JSONL batch spread over servers.
+
+The output file is the single source of truth, as for a local batch (jobs/batch.py): one
+thread writes it, a request's record is written once, whole, when its answer is complete
+(or when it has failed for good), and a rerun skips the ids already there. Each line's body
+goes to the server as it is (the server checks it); only `stream` is refused and a
+`max_tokens` above --max-tokens is clamped.
+
+Scheduling (docs/DESIGN.md, "Remote endpoints and fleets"):
+- each endpoint takes up to `concurrency` requests at once;
+- prefix affinity: the first `affinity_chars` characters of a prompt at least that long are
+  its key; a key is pinned to one endpoint, the one with the fewest keys when it is first
+  met (ties broken by rendezvous hashing), and moves only when that endpoint goes out of
+  service, so requests sharing a long prefix meet a warm prompt cache; such a request
+  waits for its endpoint, unless another endpoint is idle with no waiting request pinned
+  to it (that one takes it, rather than sit idle);
+- 429, 5xx, a refused or lost connection: the request is tried again after a backoff
+  (doubling from `backoff_s`, at most 30 s, or the server's Retry-After), up to `retries`
+  times; a 4xx is the request's own fault and is recorded as its error at once;
+- `down_after` failures in a row take an endpoint out for a cooldown (doubling while it
+  keeps failing, at most 60 s); then one request probes it, and a success puts it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TextIO
+
+from tallow.client.endpoint import Call, Endpoint, RemoteError
+from tallow.common.errors import TallowError
+from tallow.jobs.records import BatchStats, Previous, Records, id_and_body, record_key
+from tallow.wire.fields import APIError, parse_json
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    concurrency: int = 8  # requests in flight per endpoint
+    retries: int = 6  # further attempts of a request that failed in a way worth retrying
+    backoff_s: float = 0.5
+    affinity_chars: int = 512  # 0: no affinity
+    down_after: int = 3  # consecutive failures that take an endpoint out
+    cooldown_s: float = 5.0
+    timeout_s: float = 600.0  # one request
+    max_tokens: int | None = None  # clamp
+
+
+@dataclass
+class Member:
+    """One endpoint's state in the fleet."""
+
+    endpoint: Endpoint
+    inflight: int = 0
+    failures: int = 0  # in a row
+    down_until: float = 0.0
+    cooldown: float = 0.0
+    done: int = 0
+    retried: int = 0  # its failures that were tried again
+    prompt_tokens: int = 0  # of the answers that reported cached tokens
+    cached_tokens: int = 0
+    reported: int = 0  # answers that reported cached tokens
+    keys: int = 0  # prefix keys pinned to it
+
+    def room(self, now: float, concurrency: int) -> bool:
+        if self.down_until > now:
+            return False
+        probing = self.failures >= 1 and self.cooldown > 0  # back from a cooldown: one request at a time
+        return self.inflight < (1 if probing else concurrency)
+
+
+@dataclass
+class Job:
+    lineno: int
+    rid: Any
+    path: str
+    body: dict[str, Any]
+    key: str | None  # affinity key, None: any endpoint
+    attempts: int = 0
+    not_before: float = 0.0
+    last_error: str = ""
+
+
+@dataclass
+class FleetStats(BatchStats):
+    members: list[Member] = field(default_factory=list)
+
+    def cache_line(self) -> str:
+        reported = [m for m in self.members if m.reported]
+        if not reported:
+            return "prompt cache: not reported by the servers"
+        prompt = sum(m.prompt_tokens for m in reported)
+        cached = sum(m.cached_tokens for m in reported)
+        share = cached / prompt if prompt else 0.0
+        return f"prompt cache: {cached} of {prompt} prompt tokens ({share:.0%}) served from the servers' caches"
+
+
+def affinity_key(body: dict[str, Any], chars: int) -> str | None:
+    """The first `chars` characters of the prompt as the server will see it, hashed; None for
+    a shorter prompt (no long prefix to share) or when affinity is off."""
+    if chars <= 0:
+        return None
+    if isinstance(body.get("messages"), list):
+        text = "".join(f"{m.get('role')}\x00{m.get('content')}\x00" for m in body["messages"] if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    if len(text) < chars:
+        return None
+    return hashlib.sha256(text[:chars].encode("utf-8", "replace")).hexdigest()
+
+
+def rendezvous(key: str, members: list[Member]) -> list[Member]:
+    """Members in the order of preference for `key` (highest random weight first): removing
+    one moves only its own keys."""
+    return sorted(members, key=lambda m: hashlib.sha256(f"{key}|{m.endpoint.url}".encode()).digest(), reverse=True)
+
+
+def parse_line(lineno: int, text: str, model: str, cap: int | None, affinity_chars: int) -> Job:
+    """A batch line as a job for a server; raises APIError for a line that cannot be sent."""
+    rid, body = id_and_body(parse_json(text.encode("utf-8"), "the line"))
+    path = "/chat/completions" if "messages" in body else "/completions" if "prompt" in body else None
+    if path is None:
+        raise APIError("the line needs 'messages' (a chat) or 'prompt' (a text completion)", param="messages")
+    if body.get("stream"):
+        raise APIError("'stream' has no meaning in a batch", param="stream")
+    body = {"model": model, **body}
+    for name in ("max_tokens", "max_completion_tokens"):
+        if cap is not None and isinstance(body.get(name), int) and body[name] > cap:
+            body[name] = cap
+    return Job(lineno, rid, path, body, affinity_key(body, affinity_chars))
+
+
+class Fleet:
+    def __init__(self, endpoints: list[Endpoint], settings: FleetSettings, model: str) -> None:
+        self.settings, self.model = settings, model
+        self.members = [Member(e) for e in endpoints]
+        self.pins: dict[str, Member] = {}  # prefix key -> its endpoint
+        self.clock = time.monotonic
+
+    def pinned(self, key: str, now: float) -> Member | None:
+        """The endpoint a prefix key is pinned to: chosen once, among those in service, as the
+        one with the fewest keys (ties: rendezvous order), and moved only when it goes out."""
+        member = self.pins.get(key)
+        if member is not None and member.down_until <= now:
+            return member
+        in_service = [m for m in self.members if m.down_until <= now]
+        if not in_service:
+            return None
+        if member is not None:
+            member.keys -= 1
+        member = min(rendezvous(key, in_service), key=lambda m: m.keys)  # min keeps the first of equals
+        member.keys += 1
+        self.pins[key] = member
+        return member
+
+    def choose(self, job: Job, now: float, wanted: set[int]) -> Member | None:
+        """Where `job` goes now, or None to wait. `wanted`: the members some waiting job is pinned to."""
+        open_ = [m for m in self.members if m.room(now, self.settings.concurrency)]
+        if not open_:
+            return None
+        if job.key is None:
+            return min(open_, key=lambda m: (m.inflight, m.done))
+        member = self.pinned(job.key, now)
+        if member in open_:
+            return member
+        # Work stealing: an idle endpoint that no waiting job is pinned to would otherwise sit idle.
+        idle = [m for m in open_ if m.inflight == 0 and id(m) not in wanted]
+        return idle[0] if idle else None
+
+    def failed(self, member: Member, now: float) -> None:
+        member.failures += 1
+        if member.down_until > now:  # out already: the other calls it had in flight do not lengthen that
+            return
+        if member.failures >= self.settings.down_after or member.cooldown > 0:
+            member.cooldown = min(60.0, member.cooldown * 2 if member.cooldown else self.settings.cooldown_s)
+            member.down_until = now + member.cooldown
+
+    def succeeded(self, member: Member) -> None:
+        member.failures, member.cooldown, member.down_until = 0, 0.0, 0.0
+
+    def run(self, source: Iterable[tuple[int, str]], out: TextIO, previous: Previous, stats: FleetStats,
+            on_progress: Callable[[FleetStats], None] = lambda s: None) -> FleetStats:
+        """Answer every request of `source` not already in the output; records as they finish."""
+        s = self.settings
+        stats.members = self.members
+        results: queue.Queue = queue.Queue()
+        waiting: deque[Job] = deque()
+        retry: list[Job] = []
+        inflight: dict[int, tuple[Job, Member]] = {}
+        seen: set[str] = set()
+        lines = iter(source)
+        exhausted = False
+        window = max(4, 2 * s.concurrency * len(self.members))
+        records = Records(out, stats, on_progress)
+        write, error = records.write, records.error
+
+        def call(job: Job, member: Member):
+            c = Call(member.endpoint, job.path, job.body, s.timeout_s)
+            try:
+                final = None
+                for event in c.events():
+                    final = event
+                results.put((job.lineno, final, c.reply))
+            except RemoteError as exc:
+                results.put((job.lineno, exc, None))
+            except Exception as exc:  # noqa: BLE001 - any other fault of one call must not stop the batch
+                results.put((job.lineno, RemoteError(f"{type(exc).__name__}: {exc}", retryable=True), None))
+
+        def take_line() -> None:
+            nonlocal exhausted
+            try:
+                lineno, text = next(lines)
+            except StopIteration:
+                exhausted = True
+                return
+            if not text.strip():
+                return
+            rid = None
+            try:
+                job = parse_line(lineno, text, self.model, s.max_tokens, s.affinity_chars)
+                rid, key = job.rid, record_key(job.rid)
+                if key in seen:
+                    raise APIError(f"the id {key} appears twice in the input")
+                seen.add(key)
+            except TallowError as exc:
+                if lineno in previous.failed_lines:
+                    stats.failed_before += 1
+                    on_progress(stats)
+                else:
+                    error(lineno, rid, f"line {lineno}: {exc.message}")
+                return
+            if key in previous.ids or key in previous.failed_ids:
+                stats.skipped += key in previous.ids
+                stats.failed_before += key not in previous.ids
+                on_progress(stats)
+                return
+            waiting.append(job)
+
+        def finish(lineno: int, outcome, reply) -> None:
+            job, member = inflight.pop(lineno)
+            member.inflight -= 1
+            now = self.clock()
+            if isinstance(outcome, RemoteError):
+                if not outcome.retryable:
+                    error(job.lineno, job.rid, f"line {job.lineno}: {outcome.message}")
+                    return
+                self.failed(member, now)
+                job.attempts += 1
+                job.last_error = outcome.message
+                if job.attempts > s.retries:
+                    error(job.lineno, job.rid, f"line {job.lineno}: gave up after {job.attempts} attempts: "
+                                               f"{outcome.message}")
+                    return
+                member.retried += 1
+                wait = outcome.retry_after if outcome.retry_after is not None else \
+                    min(30.0, s.backoff_s * 2 ** (job.attempts - 1))
+                job.not_before = now + wait
+                retry.append(job)
+                return
+            self.succeeded(member)
+            record = {"id": job.rid, "text": outcome.text, **outcome.to_dict()}
+            if reply.tool_calls:
+                record["tool_calls"] = reply.tool_calls
+            if reply.logprobs:
+                record["logprobs"] = {"content": reply.logprobs}
+            if job.attempts:
+                record["attempts"] = job.attempts + 1
+            write(record)
+            member.done += 1
+            u = outcome.usage
+            if u.cached_tokens is not None and u.prompt_tokens is not None:
+                member.reported += 1
+                member.prompt_tokens += u.prompt_tokens
+                member.cached_tokens += u.cached_tokens
+            stats.done += 1
+            stats.completion_tokens += u.completion_tokens
+            on_progress(stats)
+
+        while True:
+            while not exhausted and len(waiting) + len(retry) < window:
+                take_line()
+            now = self.clock()
+            for job in [j for j in retry if j.not_before <= now]:
+                retry.remove(job)
+                waiting.appendleft(job)
+            wanted = {id(m) for m in (self.pinned(j.key, now) for j in waiting if j.key) if m is not None}
+            for job in list(waiting):
+                member = self.choose(job, now, wanted)
+                if member is None:
+                    continue
+                waiting.remove(job)
+                member.inflight += 1
+                inflight[job.lineno] = (job, member)
+                # A daemon thread per call: an interrupted batch exits at once, without waiting
+                # for the calls in flight (their answers are not written).
+                threading.Thread(target=call, args=(job, member), name="tallow-fleet", daemon=True).start()
+            if exhausted and not waiting and not retry and not inflight:
+                break
+            due = [j.not_before for j in retry] + [m.down_until for m in self.members if m.down_until > now]
+            timeout = max(0.01, min([0.5] + [d - now for d in due]))
+            try:
+                lineno, outcome, reply = results.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            finish(lineno, outcome, reply)
+            while True:  # everything else that finished meanwhile
+                try:
+                    lineno, outcome, reply = results.get_nowait()
+                except queue.Empty:
+                    break
+                finish(lineno, outcome, reply)
+        return stats

@@ -1,0 +1,1 @@
+"""Machine calibration: CPU facts, the probe child processes, and the cached profile."""

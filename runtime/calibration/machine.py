@@ -1,0 +1,259 @@
+"""What tallow knows about this machine: decided once, in a child process, and cached.
+
+Two decisions depend on the CPU and on the llama.cpp build, not on the model
+(docs/DESIGN.md, "Calibration"):
+- extra buffers (repacked weight layouts). Some of llama.cpp's repacked kernels crash on
+  some CPUs (AMX on Sapphire Rapids and later: a SIGSEGV at the first decode). When this
+  build offers one of the types in PROBED, a child loads the calibration model with extra
+  buffers on and decodes; if it dies by a signal or hangs, extra buffers are off here.
+- flash attention: whether it is faster depends on the CPU and on the depth of the
+  context. The child times prefill and decode at two depths with it on and off, and
+  `flash_attn_for` chooses per context from those timings.
+
+The verdict is cached in one JSON file, keyed by everything that decides it: the binding's
+version and llama.cpp's system info, the CPU's model and flags, the kernel release, the
+thread count and the requested mode. A changed key calibrates again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+# Extra buffer types whose kernels are probed before use (name: why). CPU_REPACK is
+# llama.cpp's default path on every x86 and ARM build and is not probed.
+PROBED = {"AMX": "llama.cpp's AMX kernels crash on some CPUs (ggml-org/llama.cpp#20824)"}
+PROBE_TIMEOUT_S = 120.0
+VERSION = 1  # of the cache's format
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a context will do, as far as the caller knows: tokens prefilled, then decoded."""
+
+    prompt_tokens: int
+    decode_tokens: int
+
+
+@dataclass
+class Profile:
+    key: str
+    facts: dict
+    extra_buffer_types: list[str]
+    repack: bool  # load models with extra buffers
+    repack_reason: str
+    probed: bool  # a child tried the repacked kernels
+    timings: dict | None = None  # {"on"|"off": {decode_0, decode_deep, prefill_0, prefill_deep}} seconds/token
+    timing_error: str = ""  # why there are no timings
+    calibrated_at: float = field(default_factory=time.time)
+    seconds: float = 0.0  # what the calibration cost
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def flash_attn_for(self, shape, work: Workload) -> str:
+        """'on' or 'off': whichever the timings say costs less for `work` on a model of
+        this `shape` (models.memory.Shape); 'on' when nothing was measured."""
+        from tallow.runtime.calibration.probe_model import HEAD_DIM, N_HEAD, N_LAYER
+
+        t = self.timings
+        if not t or shape is None:
+            return "on"
+        depth = t["_depth"]
+        layers = shape.n_layer / N_LAYER  # per-token overhead of each path scales with the layers
+        width = shape.n_layer * shape.n_embd / (N_LAYER * N_HEAD * HEAD_DIM)  # attention work per depth
+
+        def cost(mode: str) -> float:
+            m = t[mode]
+            d_slope = (m["decode_deep"] - m["decode_0"]) / depth
+            p_slope = (m["prefill_deep"] - m["prefill_0"]) / depth
+            p, n = work.prompt_tokens, work.decode_tokens
+            return (p * m["prefill_0"] * layers + p_slope * width * p * p / 2
+                    + n * m["decode_0"] * layers + d_slope * width * n * (p + n / 2))
+
+        return "on" if cost("on") <= cost("off") else "off"
+
+
+def cpu_facts() -> dict:
+    """The CPU's model name and flags (from /proc/cpuinfo where there is one) and the kernel."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = {"model name": "cpu", "flags": "flags", "Features": "flags"}.get(key.strip())
+                if key and key not in found:
+                    found[key] = value.strip()
+                if len(found) == 2:
+                    break
+    except OSError:
+        pass
+    return {"cpu": found.get("cpu") or platform.processor() or platform.machine(), "flags": found.get("flags", ""),
+            "kernel": platform.release(), "arch": platform.machine()}
+
+
+def has_amx() -> bool:
+    return "amx_tile" in cpu_facts()["flags"].split()
+
+
+def key_of(facts: dict) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("version") == VERSION else {}
+
+
+def _write(path: Path, profiles: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".machine-")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump({"version": VERSION, "profiles": profiles}, fh, indent=1)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    mode: str = "auto"  # auto | on | off: extra buffers
+    threads: int = 1
+    fault: str | None = None  # tests: "crash" or "hang" inside the child
+    force_probe: bool = False  # tests: probe even where no PROBED type is offered
+    timeout_s: float = PROBE_TIMEOUT_S
+    timing: bool = True  # measure flash attention
+
+
+def run_child(args: dict, timeout_s: float) -> tuple[dict | None, str]:
+    """Run the probe child (runtime/calibration/probe.py) on `args`: (its JSON result, or None and why)."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tallow.runtime.calibration.probe", json.dumps(args)], capture_output=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return None, f"hung (killed after {timeout_s:g} s)"
+    if proc.returncode < 0:
+        return None, f"died by {signal.Signals(-proc.returncode).name}"
+    if proc.returncode != 0:
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        return None, f"failed (exit {proc.returncode}: {tail[0]})"
+    try:
+        return json.loads(proc.stdout.decode().strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return None, "printed no result"
+
+
+def _child(workdir: Path, extra_buffers: bool, opts: ProbeOptions, fault: str | None) -> tuple[dict | None, str]:
+    args = {"task": "calibrate", "model": str(workdir / "calibration.gguf"), "threads": opts.threads,
+            "extra_buffers": extra_buffers, "timing": opts.timing, "fault": fault}
+    result, why = run_child(args, opts.timeout_s)
+    return result, (f"the probe {why}" if why else "")
+
+
+def check_loadable(paths: list[Path], timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Let llama.cpp itself read a model's metadata and plan its buffers, allocating no
+    weights, in a child process (a crash there costs nothing); raise with its reason."""
+    from tallow.runtime.errors import BackendError
+
+    name = Path(paths[0]).name
+    hint = "the file is damaged, or made for a newer llama.cpp than this build"
+    result, why = run_child({"task": "check", "paths": [str(p) for p in paths]}, timeout_s)
+    if result is None:
+        raise BackendError(f"llama.cpp could not read {name}: its check {why}", hint)
+    if not result.get("ok"):
+        raise BackendError(f"llama.cpp cannot load {name}: {result.get('error')}", hint)
+
+
+def calibrate(facts: dict, key: str, extra_types: list[str], opts: ProbeOptions,
+              notice: Callable[[str], None]) -> Profile:
+    started = time.perf_counter()
+    risky = [t for t in extra_types if t in PROBED]
+    probe = opts.mode == "auto" and (risky or opts.force_probe)
+    with tempfile.TemporaryDirectory(prefix="tallow-probe-") as tmp:
+        workdir = Path(tmp)
+        if probe:
+            result, why = _child(workdir, True, opts, opts.fault)
+            if result is None:
+                what = ", ".join(risky) or "repacked"
+                reason = f"{why} with {what} kernels on; extra buffers are off on this machine"
+                notice(f"note: {reason} (TALLOW_CPU_REPACK=on to force)")
+                result, timing_error = _child(workdir, False, opts, None)
+                repack = False
+            else:
+                repack, reason, timing_error = True, f"probed: {', '.join(risky) or 'repacked'} kernels ran", ""
+        else:
+            repack = opts.mode != "off" and bool(extra_types)
+            if opts.mode in ("on", "off"):
+                reason = f"TALLOW_CPU_REPACK={opts.mode}"
+            elif not extra_types:
+                reason = "this build offers no extra buffer types"
+            else:
+                reason = f"no probe needed for {', '.join(extra_types)}"
+            result, timing_error = _child(workdir, repack, opts, None) if opts.timing else (None, "")
+    timings = None
+    if result and result.get("timings"):
+        timings = {**result["timings"], "_depth": result["depth"]}
+    return Profile(key, facts, extra_types, repack, reason, bool(probe), timings, timing_error,
+                   seconds=round(time.perf_counter() - started, 2))
+
+
+def build_facts() -> dict:
+    """What identifies the llama.cpp build without loading it: the binding's version and
+    the size and time of its libraries (a rebuild for another CPU changes them)."""
+    from importlib.metadata import version
+
+    from tallow.runtime.devices import lib_dir
+
+    facts = {"llama_cpp_python": version("llama-cpp-python")}
+    folder = lib_dir()
+    for name in ("libllama.so", "libggml-cpu.so", "libggml.so"):
+        try:
+            st = (folder / name).stat() if folder else None
+        except OSError:
+            st = None
+        facts[name] = [st.st_size, st.st_mtime_ns] if st else None
+    return facts
+
+
+def profile(path: Path, opts: ProbeOptions, notice: Callable[[str], None] = lambda s: None,
+            refresh: bool = False) -> Profile:
+    """The cached profile for this machine, calibrating first when there is none for its key.
+    Concurrent tallow processes calibrate once: the others wait on a lock, then read."""
+    full = {**cpu_facts(), **build_facts(), "threads": opts.threads, "mode": opts.mode, "timing": opts.timing}
+    key = key_of(full)
+    cached = _read(path).get("profiles", {}).get(key)
+    if cached and not refresh:
+        return Profile(**cached)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        _lock(lock)
+        cached = _read(path).get("profiles", {}).get(key)
+        if cached and not refresh:
+            return Profile(**cached)
+        from tallow.runtime.devices import extra_buffer_types
+
+        found = calibrate(full, key, list(extra_buffer_types()), opts, notice)
+        profiles = _read(path).get("profiles", {})
+        profiles[key] = found.to_dict()
+        _write(path, profiles)
+        return found
+
+
+def _lock(fh) -> None:
+    try:
+        import fcntl
+
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    except ImportError:  # Windows: no lock; two first runs may both calibrate
+        pass

@@ -1,0 +1,1 @@
+"""Embedding inference: the embedder over a pooling context and its batching scheduler."""

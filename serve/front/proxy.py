@@ -1,0 +1,158 @@
+"""The model routes of the HTTP front: a request relayed to its model's runner, as bare ASGI.
+
+Every token of every stream passes through here, so this path keeps to the ASGI calls
+themselves (no request or response objects, no task group per response): the body is read,
+the model found and its runner acquired (serve/front/pool.py), the request written to the
+runner's socket (serve/front/upstream.py), and each chunk of the reply sent on as it comes. A
+client that leaves closes the runner connection, which frees the runner's slot; a runner
+that dies ends the answer with an error in the route's shape (docs/DESIGN.md, "Runners").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from tallow.serve.front import upstream
+from tallow.serve.front.pool import Pool, Runner, parse_keep_alive
+from tallow.serve.front.registry import Registry
+from tallow.serve.http.body import too_large
+from tallow.wire import anthropic_api, ollama_api
+from tallow.wire.fields import APIError, parse_json
+
+GENERATE_ROUTES = ("/api/chat", "/api/generate")  # an empty prompt loads, keep_alive 0 unloads
+OLLAMA_ROUTES = (*GENERATE_ROUTES, "/api/embed", "/api/embeddings")  # all take keep_alive
+PASSED_HEADERS = ("retry-after",)  # from a runner's whole answer to the client
+STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class Proxy:
+    """The ASGI app of every model route: the request goes to its model's runner."""
+
+    def __init__(self, pool: Pool, registry: Registry, default_model: str | None, max_body: int) -> None:
+        self.pool, self.registry, self.default_model, self.max_body = pool, registry, default_model, max_body
+
+    async def __call__(self, scope, receive, send) -> None:
+        """APIErrors raised before the answer starts become the route's error response
+        (the server's exception handlers); after, the stream ends with an error event."""
+        path = scope["path"]
+        raw = await self._body(receive)
+        body = parse_json(raw)
+        local = self.registry.find(body.get("model") or self.default_model or _missing_model())
+        keep = _keep_alive(body) if path in OLLAMA_ROUTES else "default"
+        if path in GENERATE_ROUTES and not (body.get("messages") if path == "/api/chat" else body.get("prompt")):
+            return await self._load_or_unload(send, local.name, path == "/api/chat", keep)
+        if body.get("model") != local.name:  # the runner answers to its model's own name
+            body["model"] = local.name
+            raw = json.dumps(body).encode()
+        runner, load_ms = self.pool.try_acquire(local.name), 0.0  # resident: no thread hop
+        if runner is None:
+            runner, load_ms = await run_in_threadpool(self.pool.acquire, local.name)
+        try:
+            await self._answer(scope, receive, send, runner, raw, load_ms)
+        finally:
+            self.pool.release(runner, keep)
+
+    async def _answer(self, scope, receive, send, runner: Runner, raw: bytes, load_ms: float) -> None:
+        path = scope["path"]
+        headers = {"Content-Type": "application/json"}
+        if load_ms:
+            headers["X-Tallow-Load-Ms"] = f"{load_ms:.3f}"
+        gone = asyncio.ensure_future(_disconnect(receive))
+        asking = asyncio.ensure_future(upstream.request(runner.socket, "POST", path, raw, headers))
+        try:
+            await asyncio.wait({asking, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not asking.done():  # the client left before the runner answered: closing tells it
+                asking.cancel()
+                return
+            try:
+                reply = asking.result()
+            except upstream.RunnerLost as exc:
+                raise APIError(await _lost(runner), 500, code="runner_crashed", kind="server_error") from exc
+            gone.add_done_callback(lambda _: reply.close())  # a client that leaves mid-answer frees the slot
+            out = [(b"content-type", reply.content_type.encode("latin-1"))]
+            if reply.streamed:
+                out += STREAM_HEADERS
+            out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items() if k in PASSED_HEADERS]
+            await send({"type": "http.response.start", "status": reply.status, "headers": out})
+            try:
+                async for chunk in reply.chunks():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except upstream.RunnerLost:
+                if not gone.done():
+                    await send({"type": "http.response.body", "body": _broken(path, await _lost(runner)),
+                                "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gone.cancel()
+
+    async def _body(self, receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise APIError("the client went away", 499)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise too_large(self.max_body)
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _load_or_unload(self, send, name: str, chat: bool, keep) -> None:
+        """Ollama's idiom: a generate or chat with no prompt loads the model, or with
+        keep_alive 0 unloads it."""
+        if keep == 0:
+            await run_in_threadpool(self.pool.unload, name)
+            answer = ollama_api.empty_answer(name, chat, "unload")
+        else:
+            runner, _ = await run_in_threadpool(self.pool.acquire, name)
+            self.pool.release(runner, keep)
+            answer = ollama_api.empty_answer(name, chat, "load")
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+
+async def _disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _keep_alive(body: dict) -> Any:
+    if body.get("keep_alive") is None:
+        return "default"
+    try:
+        return parse_keep_alive(body["keep_alive"])
+    except ValueError as exc:
+        raise APIError(str(exc), 400, "keep_alive") from exc
+
+
+def _missing_model():
+    raise APIError("'model' is required: name one of the models this server offers (GET /api/tags)", 400, "model")
+
+
+async def _lost(runner: Runner) -> str:
+    await run_in_threadpool(_settle, runner)
+    return f"the runner for {runner.name} stopped mid-answer ({runner.exit_text()}); the next request starts a new one"
+
+
+def _settle(runner: Runner) -> None:
+    """Give a runner whose connection broke a moment to be reaped, so its exit can be named."""
+    try:
+        runner.proc.wait(2)
+    except Exception:  # noqa: BLE001 - still running: the message says so
+        pass
+
+
+def _broken(path: str, message: str) -> bytes:
+    """The last thing a stream says when its runner died, in the route's shape."""
+    err = APIError(message, 500, code="runner_crashed", kind="server_error")
+    if path.startswith("/api/"):
+        return (json.dumps(ollama_api.ollama_error(err)) + "\n").encode()
+    if path.startswith(("/v1/messages", "/messages")):
+        return f"event: error\ndata: {json.dumps(anthropic_api.anthropic_error(err))}\n\n".encode()
+    return f"data: {json.dumps(err.body())}\n\n".encode()

@@ -1,0 +1,38 @@
+"""Errors in the shape of the route's API (OpenAI's, Anthropic's or Ollama's), and the
+exception handlers both apps install."""
+
+from __future__ import annotations
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+
+from tallow.wire import anthropic_api, ollama_api
+from tallow.wire.fields import APIError
+
+
+def error_response(path: str, err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error in the shape of the route's API."""
+    if path.startswith(("/v1/messages", "/messages")):
+        body = anthropic_api.anthropic_error(err)
+    elif path.startswith("/api/"):
+        body = ollama_api.ollama_error(err)
+    else:
+        body = err.body()
+    return JSONResponse(body, err.status, headers=headers)
+
+
+async def send_error(scope, receive, send, err: APIError) -> None:
+    await error_response(scope["path"], err)(scope, receive, send)
+
+
+async def api_error(request: HTTPRequest, exc: APIError) -> Response:
+    return error_response(request.url.path, exc)
+
+
+async def not_found(request: HTTPRequest, exc) -> Response:
+    status = getattr(exc, "status_code", 404)
+    detail = "no such endpoint" if status == 404 else "method not allowed" if status == 405 else "bad request"
+    return error_response(request.url.path, APIError(detail, status))
+
+
+HANDLERS = {APIError: api_error, 404: not_found, 405: not_found}  # both apps' (the front's and a runner's)

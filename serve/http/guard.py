@@ -1,0 +1,75 @@
+"""The checks every request passes before any route runs: the Host header (DNS rebinding),
+the API key (Bearer or x-api-key; /health and /ready need none, for probes), the body
+size, and a draining replica's refusal; and CORS headers, only for origins named with
+--cors."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+
+from tallow.common.net import is_loopback
+from tallow.serve.config import ServerConfig
+from tallow.serve.http.body import too_large
+from tallow.serve.http.errors import error_response, send_error
+from tallow.serve.http.replica import PROBES
+from tallow.wire.fields import APIError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OPEN_PATHS = ("/health", "/ready")  # no API key: load balancers and probes cannot send one
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without the port ('[::1]:8080' -> '::1')."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class Guard:
+    """ASGI middleware: Host check, API key and body size, before any route runs."""
+
+    def __init__(self, app, cfg: ServerConfig, replica=None) -> None:
+        self.app, self.cfg = app, cfg
+        self.replica = replica  # serve/http/replica.py: the front counts requests and refuses them while draining
+        self.check_host = is_loopback(cfg.host)
+        self.key = cfg.api_key.encode() if cfg.api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.check_host and host_name(headers.get("host", "")).lower() not in LOOPBACK:
+            err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
+            return await send_error(scope, receive, send, err)
+        if self.key is not None and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+            auth = headers.get("authorization", "")
+            given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
+            given = given or headers.get("x-api-key", "").strip().encode()  # Anthropic's clients
+            if not hmac.compare_digest(given, self.key):
+                err = APIError("a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)", 401,
+                               code="invalid_api_key", kind="authentication_error")
+                return await send_error(scope, receive, send, err)
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body):
+            return await send_error(scope, receive, send, too_large(self.cfg.max_body))
+        if self.replica is None or scope["path"] in PROBES:
+            return await self.app(scope, receive, send)
+        if not self.replica.admit():
+            err = APIError("this server is shutting down and takes no new requests", 503, code="draining",
+                           kind="server_error")
+            return await error_response(scope["path"], err, {"Retry-After": "1"})(scope, receive, send)
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.replica.done()
+
+
+def cors(cfg: ServerConfig) -> list[Middleware]:
+    """CORS headers, only for the origins named with --cors."""
+    if not cfg.cors:
+        return []
+    return [Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST", "DELETE"],
+                       allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])]

@@ -1,0 +1,161 @@
+"""The embedding and rerank routes over an EmbedScheduler, for both kinds of runner: a model
+that pools (an embedding model or a reranker) gets an app of its own with only these
+routes (`create_embed_app`); a chat model's app adds them over a second, embedding context
+on the same weights, opened on the first such request (`embed_routes` with a factory)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from tallow.common.errors import TallowError
+from tallow.runtime.embedding.embed_scheduler import EmbedScheduler
+from tallow.serve.config import ServerConfig
+from tallow.serve.http.body import read_body
+from tallow.serve.http.errors import HANDLERS, error_response
+from tallow.serve.http.guard import Guard, cors
+from tallow.serve.http.prometheus import counter, gauge
+from tallow.wire import embed_api
+from tallow.wire.fields import APIError, parse_json
+from tallow.wire.request import Limits
+
+GENERATING = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
+
+
+def embed_routes(scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits) -> list[Route]:
+    """/v1/embeddings, /api/embed, /api/embeddings and /v1/rerank (with and without /v1);
+    `scheduler()` gives the EmbedScheduler (made on first use where it is a factory)."""
+    routes = EmbedRoutes(scheduler, cfg, limits)
+    out = [Route(p, routes.ollama_embed, methods=["POST"]) for p in embed_api.OLLAMA_EMBED_ROUTES]
+    for prefix in ("/v1", ""):
+        out += [Route(f"{prefix}/embeddings", routes.embeddings, methods=["POST"]),
+                Route(f"{prefix}/rerank", routes.rerank, methods=["POST"])]
+    return out
+
+
+class EmbedRoutes:
+    """The handlers of the embedding and rerank routes."""
+
+    def __init__(self, scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits) -> None:
+        self.scheduler, self.cfg, self.limits = scheduler, cfg, limits
+
+    async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], EmbedScheduler]:
+        body = parse_json(await read_body(request, self.cfg.max_body))
+        self.limits.check_model(body.get("model"))
+        return body, await run_in_threadpool(self.scheduler)
+
+    async def embeddings(self, request: HTTPRequest) -> Response:
+        body, sched = await self.body_of(request)
+        if sched.embedder.ranks:
+            raise APIError(f"'{self.cfg.model}' is a reranker: it scores query-document pairs; use /v1/rerank",
+                           param="model")
+        req = await run_in_threadpool(embed_api.parse_openai, body, sched.embedder)
+        vectors = await embed_api.run(sched, req)
+        return JSONResponse(embed_api.openai_answer(self.cfg.model, req, vectors))
+
+    async def ollama_embed(self, request: HTTPRequest) -> Response:
+        started_at = time.perf_counter()
+        body, sched = await self.body_of(request)
+        legacy = request.url.path == "/api/embeddings"
+        if sched.embedder.ranks:
+            raise APIError(f"'{self.cfg.model}' is a reranker: it makes no embeddings", param="model")
+        req = await run_in_threadpool(embed_api.parse_ollama, body, sched.embedder, legacy)
+        vectors = await embed_api.run(sched, req)
+        load_ms = float(request.headers.get("x-tallow-load-ms") or 0)
+        return JSONResponse(embed_api.ollama_answer(self.cfg.model, req, vectors, legacy, started_at, load_ms))
+
+    async def rerank(self, request: HTTPRequest) -> Response:
+        body, sched = await self.body_of(request)
+        _, texts, req, top_n, with_docs = await run_in_threadpool(embed_api.parse_rerank, body, sched.embedder)
+        vectors = await embed_api.run(sched, req)
+        answer = embed_api.rerank_answer(self.cfg.model, sched.embedder, texts, req, vectors, top_n, with_docs)
+        return JSONResponse(answer)
+
+
+def side_scheduler(engine, n_batch: int = 512, max_seqs: int = 16) -> Callable[[], EmbedScheduler]:
+    """A factory for a chat model's embedding scheduler: an embedding context (mean pooling)
+    on the engine's loaded weights, opened once, on first use."""
+    made: list[EmbedScheduler] = []
+    lock = threading.Lock()
+
+    def get() -> EmbedScheduler:
+        with lock:
+            if not made:
+                from tallow.runtime.embedding.embed import side_embedder
+
+                made.append(EmbedScheduler(side_embedder(engine, n_batch, max_seqs)))
+            return made[0]
+
+    get.made = made  # type: ignore[attr-defined]  # what /metrics reports, once there is one
+    return get
+
+
+def create_embed_app(sched: EmbedScheduler, cfg: ServerConfig) -> Guard:
+    return EmbedApp(sched, cfg).asgi()
+
+
+class EmbedApp:
+    """The app of a runner whose model pools: embeddings and reranking only; the generating
+    routes answer that the model does not generate."""
+
+    def __init__(self, sched: EmbedScheduler, cfg: ServerConfig) -> None:
+        self.sched, self.cfg, self.embedder = sched, cfg, sched.embedder
+        self.limits = Limits(max_tokens=1, model=cfg.model, aliases=cfg.aliases,
+                             n_vocab=self.embedder.engine.model.n_vocab)
+        self.started = int(time.time())
+
+    def asgi(self) -> Guard:
+        routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"])]
+        routes += embed_routes(lambda: self.sched, self.cfg, self.limits)
+        routes += [Route(p, self.generating, methods=["POST"]) for p in ("/api/chat", "/api/generate")]
+        for prefix in ("/v1", ""):
+            routes += [Route(f"{prefix}/models", self.models, methods=["GET"])]
+            routes += [Route(prefix + p, self.generating, methods=["POST"]) for p in GENERATING]
+        app = Starlette(routes=routes, middleware=cors(self.cfg),
+                        exception_handlers={**HANDLERS, TallowError: self.tallow_error})
+        return Guard(app, self.cfg)
+
+    async def generating(self, request: HTTPRequest) -> Response:
+        raise APIError(f"'{self.cfg.model}' is an embedding model ({self.embedder.pooling} pooling): it does not "
+                       "generate; use /v1/embeddings, /api/embed or /v1/rerank", param="model",
+                       code="model_not_generative")
+
+    async def models(self, request: HTTPRequest) -> Response:
+        cards = [{"id": n, "object": "model", "created": self.started, "owned_by": "tallow"}
+                 for n in (self.cfg.model, *self.cfg.aliases)]
+        return JSONResponse({"object": "list", "data": cards})
+
+    async def health(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"status": "ok", "model": self.cfg.model, "slots": 1, "slots_busy": int(self.sched.busy),
+                             "queue_depth": self.sched.queue_depth})
+
+    async def metrics(self, request: HTTPRequest) -> Response:
+        page = embed_metrics(self.sched, own_tokens=True)
+        return PlainTextResponse(page, media_type="text/plain; version=0.0.4")
+
+    async def tallow_error(self, request: HTTPRequest, exc: TallowError) -> Response:
+        return error_response(request.url.path, APIError(exc.message, 400))
+
+
+def embed_metrics(sched: EmbedScheduler, own_tokens: bool) -> str:
+    """An embedding scheduler's counters; `own_tokens`: it is the runner's only scheduler, so
+    it also reports the shared families (prompt tokens, decode calls, queue, busy)."""
+    c = sched.counters
+    lines = counter("tallow_embed_requests_total", "Embedding and rerank requests answered", c.requests)
+    lines += counter("tallow_embed_inputs_total", "Inputs embedded or scored", c.inputs)
+    lines += counter("tallow_embed_requests_rejected_total", "Embedding requests refused: the queue was full", c.rejected)
+    if own_tokens:
+        lines += counter("tallow_prompt_tokens_total", "Input tokens evaluated", c.tokens)
+        lines += counter("tallow_decode_calls_total", "llama_decode calls made", c.decodes)
+        lines += gauge("tallow_queue_depth", "Inputs waiting for a decode", sched.queue_depth)
+        lines += gauge("tallow_slots_busy", "Decodes running", int(sched.busy))
+    else:
+        lines += counter("tallow_embed_tokens_total", "Input tokens embedded", c.tokens)
+    return "\n".join(lines) + "\n"

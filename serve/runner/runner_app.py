@@ -1,0 +1,256 @@
+"""A runner's ASGI application (Starlette) over its Scheduler: one model, every API.
+
+It only checks requests, queues them and relays events: the engine thread does the work.
+Every generating route (OpenAI's chat and text completions and Responses, Anthropic's
+Messages, Ollama's chat and generate, each OpenAI route also without the /v1 prefix that
+clients given a bare base URL use) goes through `RunnerApp.answer` with its API's stream
+adapter (wire/streams.py). The guard (serve/http/guard.py) runs before routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tallow.common.errors import TallowError
+from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.scheduler import Failure, QueueFull, Scheduler
+from tallow.runtime.types import FinalEvent, TokenEvent
+from tallow.serve.config import ServerConfig
+from tallow.serve.http.body import read_body
+from tallow.serve.http.errors import HANDLERS, error_response
+from tallow.serve.http.guard import Guard, cors
+from tallow.serve.http.prometheus import scheduler_metrics
+from tallow.serve.http.response_store import ResponseStore
+from tallow.serve.runner.embed_routes import embed_metrics, embed_routes, side_scheduler
+from tallow.serve.runner.pump import EventPump
+from tallow.wire import anthropic_api, ollama_api, responses_api
+from tallow.wire.fields import APIError, parse_json
+from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.request import Limits
+from tallow.wire.streams import ChatAdapter, MessagesAdapter, OllamaAdapter, ResponsesAdapter
+
+INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
+
+
+def create_app(sched: Scheduler, cfg: ServerConfig) -> Guard:
+    return RunnerApp(sched, cfg).asgi()
+
+
+class RunnerApp:
+    """One runner's routes over its scheduler; each handler is a method."""
+
+    def __init__(self, sched: Scheduler, cfg: ServerConfig) -> None:
+        self.sched, self.cfg, self.engine = sched, cfg, sched.engine
+        engine = self.engine
+        self.limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
+                             default_max_tokens=cfg.default_max_tokens, seed=cfg.seed, n_vocab=engine.model.n_vocab,
+                             tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint)
+        self.loaded = ollama_api.Loaded(capacity=sched.capacity, threads=engine.n_threads,
+                                        gpu_layers=engine.gpu_layers)
+        self.fault = _fault(cfg.fault_after_tokens) if cfg.fault_after_tokens else None
+        self.started = int(time.time())
+        self.pumps: dict[asyncio.AbstractEventLoop, EventPump] = {}
+        self.store = ResponseStore(cfg.history)
+        self.embedding = side_scheduler(engine)  # a chat model's embeddings, on first use
+
+    def asgi(self) -> Guard:
+        routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
+                  Route("/api/chat", self.ollama, methods=["POST"]),
+                  Route("/api/generate", self.ollama, methods=["POST"])]
+        for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
+            routes += [
+                Route(f"{prefix}/chat/completions", self.chat_completions, methods=["POST"]),
+                Route(f"{prefix}/completions", self.completions, methods=["POST"]),
+                Route(f"{prefix}/responses", self.responses, methods=["POST"]),
+                Route(f"{prefix}/responses/{{rid}}", self.store.route, methods=["GET", "DELETE"]),
+                Route(f"{prefix}/messages", self.messages, methods=["POST"]),
+                Route(f"{prefix}/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route(f"{prefix}/models", self.models, methods=["GET"]),
+                Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"]),
+            ]
+        routes += embed_routes(self.embedding, self.cfg, self.limits)
+        app = Starlette(routes=routes, middleware=cors(self.cfg),
+                        exception_handlers={**HANDLERS, TallowError: self.tallow_error})
+        return Guard(app, self.cfg)
+
+    async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], int]:
+        raw = await read_body(request, self.cfg.max_body)
+        return parse_json(raw), len(raw)
+
+    async def submit(self, parsed, size: int):
+        if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
+            req = to_request(self.engine, parsed)
+        else:  # a long one can take a while: off the event loop
+            req = await run_in_threadpool(to_request, self.engine, parsed)
+        loop = asyncio.get_running_loop()
+        pump = self.pumps.get(loop) or self.pumps.setdefault(loop, EventPump(loop))
+        events: asyncio.Queue = asyncio.Queue()
+
+        def deliver(ev) -> None:
+            pump.send(events, ev)
+
+        handle = self.sched.submit(req, on_event=deliver if self.fault is None else self.fault(deliver))
+        return req, handle, events
+
+    async def answer(self, request: HTTPRequest, parsed, size: int, adapter, done=None) -> Response:
+        """Queue the request, then stream the adapter's events or return its whole answer;
+        `done(adapter)` runs once the answer is complete (to store it)."""
+        req, handle, events = await self.submit(parsed, size)
+        if parsed.stream:
+            return StreamingResponse(_sse(handle, events, adapter, len(req.prompt_tokens), done),
+                                     media_type=getattr(adapter, "media_type", "text/event-stream"),
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return await _whole(request, handle, events, adapter, done)
+        finally:
+            handle.cancel()  # no effect once finished; frees the slot if the client went away
+
+    async def chat_completions(self, request: HTTPRequest) -> Response:
+        body, size = await self.body_of(request)
+        parsed = parse_chat(body, self.limits)
+        adapter = ChatAdapter(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
+        return await self.answer(request, parsed, size, adapter)
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        body, size = await self.body_of(request)
+        parsed = parse_completion(body, self.limits)
+        adapter = ChatAdapter(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
+        return await self.answer(request, parsed, size, adapter)
+
+    async def responses(self, request: HTTPRequest) -> Response:
+        body, size = await self.body_of(request)
+        prev = body.get("previous_response_id")
+        previous = self.store.get(prev, "previous_response_id")[1] if prev is not None else None
+        parsed = responses_api.parse(body, self.limits, previous)
+        cfg, store = self.cfg, self.store
+
+        def keep(a: ResponsesAdapter) -> None:
+            if parsed.extra["store"] and cfg.history is not None and a.result is not None:
+                store.history().store_response(a.result["id"], cfg.model, a.result, a.conversation())
+
+        return await self.answer(request, parsed, size, ResponsesAdapter(parsed, cfg.model), keep)
+
+    async def messages(self, request: HTTPRequest) -> Response:
+        body, size = await self.body_of(request)
+        parsed = anthropic_api.parse(body, self.limits)
+        return await self.answer(request, parsed, size, MessagesAdapter(parsed, self.cfg.model))
+
+    async def count_tokens(self, request: HTTPRequest) -> Response:
+        body, _ = await self.body_of(request)
+        parsed = anthropic_api.parse_count(body, self.limits)
+        req = await run_in_threadpool(to_request, self.engine, parsed)
+        return JSONResponse({"input_tokens": len(req.prompt_tokens)})
+
+    async def ollama(self, request: HTTPRequest) -> Response:
+        body, size = await self.body_of(request)
+        chat = request.url.path == "/api/chat"
+        parsed = (ollama_api.parse_chat if chat else ollama_api.parse_generate)(body, self.limits, self.loaded)
+        load_ms = float(request.headers.get("x-tallow-load-ms") or 0)  # set by the server that started this runner
+        adapter = OllamaAdapter(parsed, self.cfg.model, self.engine.model.piece, load_ms)
+        return await self.answer(request, parsed, size, adapter)
+
+    def model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.started, "owned_by": "tallow"}
+
+    async def models(self, request: HTTPRequest) -> Response:
+        names = (self.cfg.model, *self.cfg.aliases)
+        return JSONResponse({"object": "list", "data": [self.model_card(n) for n in names]})
+
+    async def one_model(self, request: HTTPRequest) -> Response:
+        name = request.path_params["name"]
+        if name not in self.limits.names():
+            raise APIError(f"the model '{name}' is not served here", 404, code="model_not_found")
+        return JSONResponse(self.model_card(name))
+
+    async def health(self, request: HTTPRequest) -> Response:
+        sched = self.sched
+        return JSONResponse({"status": "ok", "model": self.cfg.model, "slots": len(sched.slots),
+                             "slots_busy": sched.busy_slots, "queue_depth": sched.queue_depth})
+
+    async def metrics(self, request: HTTPRequest) -> Response:
+        page = scheduler_metrics(self.sched)
+        page += "".join(embed_metrics(e, own_tokens=False) for e in self.embedding.made)
+        return PlainTextResponse(page, media_type="text/plain; version=0.0.4")
+
+    async def tallow_error(self, request: HTTPRequest, exc: TallowError) -> Response:
+        if isinstance(exc, QueueFull):
+            err = APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error")
+            return error_response(request.url.path, err, {"Retry-After": "1"})
+        code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
+        return error_response(request.url.path, APIError(exc.message, 400, code=code))
+
+
+async def _whole(request: HTTPRequest, handle, events: asyncio.Queue, adapter, done) -> Response:
+    """A request's whole answer; the client is checked for a disconnect every half second."""
+    checked = time.monotonic()
+    while True:
+        try:
+            ev = await asyncio.wait_for(events.get(), 0.5)
+        except asyncio.TimeoutError:
+            ev = None
+        if time.monotonic() - checked >= 0.5:  # tokens keep coming: look at the clock, not for a lull
+            checked = time.monotonic()
+            if await request.is_disconnected():
+                handle.cancel()
+                return Response(status_code=499)
+        if ev is None:
+            continue
+        if isinstance(ev, Failure):
+            raise ev.error
+        if isinstance(ev, TokenEvent):
+            adapter.note(ev)
+        elif isinstance(ev, FinalEvent):
+            body = adapter.whole(ev)
+            if done is not None:
+                done(adapter)
+            return JSONResponse(body)
+
+
+def _fault(after: int):
+    """Tests only: a wrapper of the event callback that crashes the process natively (a
+    SIGSEGV, as a llama.cpp bug would) once `after` tokens have been handed out."""
+    count = [0]
+
+    def wrap(deliver):
+        def on_event(ev) -> None:
+            if isinstance(ev, TokenEvent):
+                count[0] += 1
+                if count[0] >= after:
+                    import ctypes
+
+                    ctypes.string_at(0)  # reads address 0: the kernel kills the process with SIGSEGV
+            deliver(ev)
+        return on_event
+    return wrap
+
+
+async def _sse(handle, events: asyncio.Queue, adapter, prompt_tokens: int, done=None):
+    try:
+        for line in adapter.opening(prompt_tokens):
+            yield line
+        while True:
+            ev = await events.get()
+            if isinstance(ev, Failure):
+                for line in adapter.failed(ev.error.message):
+                    yield line
+                return
+            if isinstance(ev, TokenEvent):
+                for line in adapter.tokens(ev):
+                    yield line
+            elif isinstance(ev, FinalEvent):
+                lines = adapter.closing(ev)
+                if done is not None:
+                    done(adapter)  # stored before the client hears it is complete
+                for line in lines:
+                    yield line
+                return
+    finally:
+        handle.cancel()  # a client that disconnects mid-stream frees its slot

@@ -1,0 +1,1 @@
+"""The wire formats of the APIs tallow speaks (OpenAI, Responses, Anthropic, Ollama, embeddings): the shared request type, the field rules, one module per API and the stream adapters. Pure Python, no HTTP framework."""

@@ -1,0 +1,262 @@
+"""Checking request fields, shared by the OpenAI, Responses and Anthropic routes.
+
+One rule for every field on every route: a field tallow implements is checked and used; a
+field that cannot change the answer (`user`, `metadata`, ...) is accepted; any other field
+is a 400 that names it. A bad value is a 400 naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from tallow.common.errors import TallowError
+from tallow.runtime.tools import Tool, ToolChoice
+from tallow.runtime.types import Sampling
+
+
+class APIError(TallowError):
+    """A request the API refuses; `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """Where a string holds half of a UTF-16 surrogate pair (JSON allows "\\ud800"; UTF-8,
+    and so every model, does not)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found = _lone_surrogate(k, where) or _lone_surrogate(v, f"{where}.{k}" if where else str(k))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _lone_surrogate(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def parse_json(raw: bytes, what: str = "the request body") -> dict[str, Any]:
+    """The request body: a JSON object; NaN and Infinity, which JSON does not have, and
+    strings holding a lone surrogate are refused."""
+    def no_constants(name: str):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value = json.loads(raw, parse_constant=no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise APIError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise APIError(f"{what} must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then walk the whole body
+        where = _lone_surrogate(value, "")
+        if where is not None:
+            raise APIError(f"'{where or 'a key'}' holds a lone UTF-16 surrogate, which is not text", param=where or None)
+    return value
+
+
+def check_fields(body: dict[str, Any], known: set[str], route: str) -> None:
+    """Refuse any field that is neither implemented nor harmless, by name."""
+    unknown = sorted(k for k in body if k not in known and k not in HARMLESS)
+    if unknown:
+        names = ", ".join(f"'{k}'" for k in unknown[:5])
+        raise APIError(f"{names} {'is' if len(unknown) == 1 else 'are'} not supported by tallow on {route}",
+                       param=unknown[0], code="unsupported_parameter")
+
+
+# Fields that do not change the answer: accepted and not used.
+HARMLESS = {"user", "metadata", "service_tier", "store", "prompt_cache_key", "safety_identifier", "modalities",
+            "extra_body", "prompt_cache_retention"}
+
+
+def number(body: dict, name: str, lo: float, hi: float, default: float | None, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return default
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise APIError(f"'{name}' must be {kind}", param=name)
+    if not math.isfinite(value) or not lo <= value <= hi:
+        show = (lambda v: str(int(v))) if integer else (lambda v: f"{v:g}")  # noqa: E731
+        raise APIError(f"'{name}' must be between {show(lo)} and {show(hi)}, not {value}", param=name)
+    return value
+
+
+def flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise APIError(f"'{name}' must be true or false", param=name)
+    return value
+
+
+def text_field(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise APIError(f"'{name}' must be a string", param=name)
+    return value
+
+
+def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("text",), noun: str = "parts") -> str:
+    """Content given as a string or a list of text parts (of `kinds`), as one string; any
+    other part (an image, audio) is refused by name."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(f"{where}[{i}]: only text {noun} are supported, not {kind!r}", param=param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise APIError(f"{where} must be a string or a list of text {noun}", param=param)
+
+
+def sampling(body: dict, default_seed: int | None = None) -> Sampling:
+    """Sampling settings from the fields every route shares (tallow's defaults, as
+    llama.cpp's server, for what the client leaves out)."""
+    d = Sampling()
+    seed = number(body, "seed", -(2**63), 2**64 - 1, None, integer=True)
+    if seed is None:
+        seed = default_seed
+    return Sampling(
+        temperature=number(body, "temperature", 0, 2, d.temperature),
+        top_p=number(body, "top_p", 0, 1, d.top_p),
+        top_k=number(body, "top_k", 0, 1_000_000, d.top_k, integer=True),
+        min_p=number(body, "min_p", 0, 1, d.min_p),
+        repeat_penalty=number(body, "repeat_penalty", 0.01, 10, d.repeat_penalty),
+        frequency_penalty=number(body, "frequency_penalty", -2, 2, 0.0),
+        presence_penalty=number(body, "presence_penalty", -2, 2, 0.0),
+        seed=None if seed is None else seed & 0xFFFFFFFF,  # llama.cpp's seeds are 32-bit
+    )
+
+
+def stops(value: Any, name: str = "stop", most: int = 4) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list) and len(value) <= most and all(isinstance(s, str) and s for s in value):
+        return tuple(value)
+    raise APIError(f"'{name}' must be a string or a list of up to {most} non-empty strings", param=name)
+
+
+def schema_of(value: Any, name: str) -> dict[str, Any]:
+    """A JSON schema field, checked (an invalid schema is a 400, never a 500)."""
+    from tallow.runtime.grammar import load_schema
+
+    if not isinstance(value, (dict, bool)):
+        raise APIError(f"'{name}' must be a JSON schema object", param=name)
+    try:
+        return load_schema(json.dumps(value))
+    except TallowError as exc:
+        raise APIError(f"'{name}': {exc.message}", param=name) from exc
+
+
+def tool_list(value: Any, name: str, shape: str) -> tuple[Tool, ...]:
+    """Function tools: OpenAI chat ({"type": "function", "function": {...}}), Responses
+    ({"type": "function", "name", "parameters"}) or Anthropic ({"name", "input_schema"})."""
+    if not isinstance(value, list):
+        raise APIError(f"'{name}' must be a list of tools", param=name)
+    tools, seen = [], set()
+    for i, t in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(t, dict):
+            raise APIError(f"'{where}' must be an object", param=name)
+        if shape == "anthropic":
+            if t.get("type") not in (None, "custom"):
+                raise APIError(f"'{where}': the tool type '{t.get('type')}' is not supported; only client tools"
+                               " with an input_schema", param=name)
+            spec, params_key = t, "input_schema"
+        else:
+            if t.get("type") != "function":
+                raise APIError(f"'{where}': only tools of type 'function' are supported, not {t.get('type')!r}",
+                               param=name)
+            spec, params_key = (t.get("function") if shape == "chat" else t), "parameters"
+            if not isinstance(spec, dict):
+                raise APIError(f"'{where}.function' must be an object", param=name)
+        fn = spec.get("name")
+        if not isinstance(fn, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", fn):
+            raise APIError(f"'{where}' needs a 'name' of letters, digits, '_', '.', ':' or '-'", param=name)
+        if fn in seen:
+            raise APIError(f"'{where}': the tool name '{fn}' is given twice", param=name)
+        seen.add(fn)
+        desc = spec.get("description") or ""
+        if not isinstance(desc, str):
+            raise APIError(f"'{where}.description' must be a string", param=name)
+        params = spec.get(params_key)
+        params = {"type": "object", "properties": {}} if params is None else schema_of(params, f"{where}.{params_key}")
+        tools.append(Tool(fn, desc, params))
+    return tuple(tools)
+
+
+def tool_choice(tools: tuple[Tool, ...], value: Any, parallel: bool, fmt: str, shape: str) -> ToolChoice | None:
+    """The tool choice: auto | none | required (Anthropic's "any") | a named tool."""
+    name = None
+    if value is None:
+        mode = "auto"
+    elif isinstance(value, str) and value in ("auto", "none", "required"):
+        mode = value
+    elif isinstance(value, dict):
+        kind = value.get("type")
+        if shape == "anthropic" and kind in ("auto", "any", "none", "tool"):
+            mode = {"any": "required", "tool": "named"}.get(kind, kind)
+            name = value.get("name") if kind == "tool" else None
+            if value.get("disable_parallel_tool_use") is True:
+                parallel = False
+        elif kind == "function":
+            mode = "named"
+            fn = value.get("function") if shape == "chat" else value
+            name = fn.get("name") if isinstance(fn, dict) else None
+        else:
+            raise APIError("'tool_choice' must be auto, none, required or a named function", param="tool_choice")
+        if mode == "named" and not isinstance(name, str):
+            raise APIError("'tool_choice' names no tool", param="tool_choice")
+    else:
+        raise APIError("'tool_choice' must be auto, none, required or a named function", param="tool_choice")
+    if mode != "none" and not tools:
+        if value is None:
+            return None
+        raise APIError("'tool_choice' needs 'tools'", param="tool_choice")
+    if mode == "named" and name not in {t.name for t in tools}:
+        raise APIError(f"'tool_choice' names '{name}', which is not among the tools", param="tool_choice")
+    if not tools:
+        return None
+    return ToolChoice(tools, mode, name, parallel, fmt)
+
+
+def logit_bias(value: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias from -100 to 100}; -100 bans the token."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise APIError("'logit_bias' must be an object of token ids to biases", param="logit_bias")
+    out = []
+    for k, v in value.items():
+        if not (isinstance(k, str) and k.isdigit() and int(k) < n_vocab):
+            raise APIError(f"'logit_bias': {k!r} is not a token id (0 to {n_vocab - 1})", param="logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise APIError(f"'logit_bias': the bias of token {k} must be a number from -100 to 100", param="logit_bias")
+        out.append((int(k), float("-inf") if v <= -100 else float(v)))
+    return tuple(out)

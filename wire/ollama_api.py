@@ -1,0 +1,237 @@
+"""Ollama's native chat and generate formats: checked requests in, NDJSON lines out.
+
+Pure functions, no HTTP (serve/runner/runner_app.py routes /api/chat and /api/generate here, inside a
+runner). A request becomes the same `Parsed` the OpenAI routes build, so sampling, stops,
+JSON formats and tool calls work the same on both APIs. Ollama's `options` are checked by
+name like every other field: the ones tallow implements are used; the load options
+(`num_ctx`, `num_thread`, `num_gpu`) are checked against what the model was loaded with,
+since a request cannot change them; any other option is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tallow.runtime.types import FinalEvent
+from tallow.wire.fields import (
+    APIError,
+    check_fields,
+    flag,
+    joined_text,
+    number,
+    sampling,
+    schema_of,
+    stops,
+    tool_choice,
+    tool_list,
+)
+from tallow.wire.request import Limits, Parsed
+
+CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
+               "top_logprobs"}
+GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "images",
+                   "options", "keep_alive", "think", "logprobs", "top_logprobs"}
+SAMPLING_OPTIONS = {"temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty",
+                    "frequency_penalty"}
+OPTIONS = SAMPLING_OPTIONS | {"num_ctx", "num_predict", "stop", "repeat_last_n", "num_thread", "num_gpu"}
+DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}  # others pass as they are
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What the model was loaded with, which a request's load options must match."""
+
+    capacity: int  # tokens one request may use (prompt and answer)
+    threads: int
+    gpu_layers: int
+
+
+def _options(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
+    opts = body.get("options")
+    if opts is None:
+        opts = {}
+    if not isinstance(opts, dict):
+        raise APIError("'options' must be an object", param="options")
+    opts = {k: v for k, v in opts.items() if v is not None}
+    unknown = sorted(set(opts) - OPTIONS)
+    if unknown:
+        raise APIError(f"the option '{unknown[0]}' is not supported (supported: {', '.join(sorted(OPTIONS))})",
+                       param=f"options.{unknown[0]}")
+    ctx = number(opts, "num_ctx", 1, 2**31, None, integer=True)
+    if ctx is not None and ctx > loaded.capacity:
+        raise APIError(f"'options.num_ctx' is {ctx}, but this model is loaded with {loaded.capacity} tokens per "
+                       "request: start tallow serve with a larger --ctx", param="options.num_ctx")
+    for name, have, flag_name in (("num_thread", loaded.threads, "--threads"),
+                                  ("num_gpu", loaded.gpu_layers, "--gpu-layers")):
+        want = number(opts, name, -1, 2**31, None, integer=True)
+        if want is not None and want != have:
+            raise APIError(f"'options.{name}' is {want}, but this model is loaded with {have}; it is set when the "
+                           f"model loads: start tallow serve with {flag_name}", param=f"options.{name}")
+    predict = number(opts, "num_predict", -2, 2**31, None, integer=True)
+    if predict is not None and predict <= 0 and predict not in (-1, -2):
+        raise APIError("'options.num_predict' must be a positive count, -1 (no limit) or -2 (fill the context)",
+                       param="options.num_predict")
+    if predict is None or predict < 0:
+        predict = limits.default_max_tokens or limits.max_tokens
+    picked = sampling({k: opts[k] for k in SAMPLING_OPTIONS if k in opts}, limits.seed)
+    last_n = number(opts, "repeat_last_n", -1, 2**20, picked.repeat_last_n, integer=True)
+    picked = replace(picked, repeat_last_n=loaded.capacity if last_n == -1 else last_n)
+    return {"max_tokens": min(predict, limits.max_tokens), "sampling": picked,
+            "stop": stops(opts.get("stop"), "options.stop", most=16)}
+
+
+def _format(value: Any) -> tuple[bool, dict[str, Any] | None]:
+    if value is None or value == "":
+        return False, None
+    if value == "json":
+        return True, None
+    if isinstance(value, dict):
+        return True, schema_of(value, "format")
+    raise APIError("'format' must be \"json\" or a JSON schema object", param="format")
+
+
+def _think(body: dict) -> bool | None:
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool):
+        raise APIError("'think' must be true or false (reasoning effort levels are not supported)", param="think")
+    return think
+
+
+def _common(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
+    limits.check_model(body.get("model"))
+    json_format, schema = _format(body.get("format"))
+    stream = body.get("stream", True)  # Ollama streams unless told not to
+    if not isinstance(stream, bool):
+        raise APIError("'stream' must be true or false", param="stream")
+    logprobs = None
+    if flag(body, "logprobs"):
+        logprobs = number(body, "top_logprobs", 0, 20, 0, integer=True)
+    elif body.get("top_logprobs") is not None:
+        raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return {"stream": stream, "include_usage": False, "logprobs": logprobs, "json_format": json_format,
+            "schema": schema, **_options(body, limits, loaded)}
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """Ollama chat messages in tallow's form. Ollama's calls carry arguments as objects and
+    its tool results name the tool rather than a call id."""
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise APIError(f"messages[{i}] needs a 'role' of system, user, assistant or tool", param="messages")
+        if m.get("images"):
+            raise APIError(f"messages[{i}].images: images are not supported (tallow runs text models)",
+                           param="messages")
+        msg: dict[str, Any] = {"role": m["role"], "content": joined_text(m.get("content") or "",
+                                                                          f"messages[{i}].content", "messages")}
+        calls = m.get("tool_calls")
+        if m["role"] == "assistant" and calls:
+            if not isinstance(calls, list):
+                raise APIError(f"messages[{i}].tool_calls must be a list", param="messages")
+            msg["tool_calls"] = []
+            for j, c in enumerate(calls):
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise APIError(f"messages[{i}].tool_calls[{j}] needs a function with a name", param="messages")
+                args = fn.get("arguments") or {}
+                msg["tool_calls"].append({"id": None, "name": fn["name"],
+                                          "arguments": args if isinstance(args, str) else json.dumps(args)})
+        if m["role"] == "tool":
+            msg["tool_call_id"], msg["name"] = None, m.get("tool_name") or m.get("name")
+        out.append(msg)
+    return out
+
+
+def parse_chat(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
+    check_fields(body, CHAT_FIELDS, "/api/chat")
+    common = _common(body, limits, loaded)
+    tools = tool_list(body["tools"], "tools", "chat") if body.get("tools") else ()
+    choice = tool_choice(tools, None, True, limits.tool_format, "chat")
+    return Parsed(messages=_messages(body.get("messages")), prompt=None, tools=choice,
+                  extra={"ollama": "chat", "think": _think(body)}, **common)
+
+
+def parse_generate(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
+    check_fields(body, GENERATE_FIELDS, "/api/generate")
+    for name, why in (("suffix", "fill-in-the-middle is not supported"),
+                      ("template", "Ollama's Go templates cannot run here: tallow renders the model's own chat "
+                                   "template (or send raw: true with the prompt as the model should see it)"),
+                      ("context", "the token context of an earlier answer is not supported: send the whole "
+                                  "conversation to /api/chat"),
+                      ("images", "images are not supported (tallow runs text models)")):
+        if body.get(name):
+            raise APIError(f"'{name}': {why}", param=name)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise APIError("'prompt' must be a non-empty string", param="prompt")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str):
+        raise APIError("'system' must be a string", param="system")
+    common = _common(body, limits, loaded)
+    extra = {"ollama": "generate", "think": _think(body)}
+    if flag(body, "raw"):
+        if system:
+            raise APIError("'system' cannot go with raw: true (a raw prompt is sent as it is)", param="system")
+        return Parsed(messages=None, prompt=prompt, extra=extra, **common)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return Parsed(messages=messages, prompt=None, extra=extra, **common)
+
+
+def _ns(ms: float) -> int:
+    return int(ms * 1_000_000)
+
+
+def part(model: str, chat: bool, content: str = "", thinking: str = "", calls=None,
+         done: bool = False) -> dict[str, Any]:
+    """One line of an answer (or the whole answer): a chat `message` or a generate `response`."""
+    out: dict[str, Any] = {"model": model, "created_at": now_stamp()}
+    if chat:
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            msg["thinking"] = thinking
+        if calls:
+            msg["tool_calls"] = [{"function": {"name": name, "arguments": json.loads(args)}}
+                                 for _, name, args in calls]
+        out["message"] = msg
+    else:
+        out["response"] = content
+        if thinking:
+            out["thinking"] = thinking
+    out["done"] = done
+    return out
+
+
+def finish(obj: dict[str, Any], final: FinalEvent, reason: str, load_ms: float) -> dict[str, Any]:
+    """The closing fields: the done reason and Ollama's durations (nanoseconds) and counts."""
+    t, u = final.timings, final.usage
+    obj.update(done=True, done_reason=DONE_REASONS.get(reason, reason),
+               total_duration=_ns(t.total_ms + load_ms), load_duration=_ns(load_ms),
+               prompt_eval_count=u.prompt_tokens, prompt_eval_duration=_ns(t.prefill_ms),
+               eval_count=u.completion_tokens, eval_duration=_ns(t.decode_ms))
+    return obj
+
+
+def now_stamp() -> str:
+    """Ollama's created_at: RFC 3339 in UTC with nanoseconds' worth of digits."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}Z"
+
+
+def empty_answer(model: str, chat: bool, reason: str) -> dict[str, Any]:
+    """The answer to a request with no prompt: the model was loaded (or unloaded) and that is all."""
+    out: dict[str, Any] = {"model": model, "created_at": now_stamp()}
+    if chat:
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
+    out.update(done=True, done_reason=reason)
+    return out
+
+
+def ollama_error(err: APIError) -> dict[str, Any]:
+    return {"error": err.message}

@@ -1,0 +1,325 @@
+"""OpenAI's chat and text completion formats: checked requests in, response objects out.
+
+Pure functions, no HTTP: the server (serve/runner/runner_app.py) calls them. Every field a client
+sends is checked here (wire/fields.py), so a bad value is a 400 with a message naming it,
+never a 500; the Responses and Anthropic routes build on the same Parsed request.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from tallow.runtime.answer import Outcome
+from tallow.runtime.logprobs import token_logprob
+from tallow.runtime.types import FinalEvent, Request, TokenEvent
+from tallow.wire.fields import (
+    APIError,
+    check_fields,
+    flag,
+    joined_text,
+    logit_bias,
+    number,
+    sampling,
+    schema_of,
+    stops,
+    text_field,
+    tool_choice,
+    tool_list,
+)
+from tallow.wire.request import Limits, Parsed
+
+SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+                 "repeat_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
+                 "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
+                 "grammar", "json_schema", "cache_prompt"}
+CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
+COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
+
+
+def _common(body: dict, limits: Limits) -> dict[str, Any]:
+    limits.check_model(body.get("model"))
+    number(body, "n", 1, 1, 1, integer=True)  # one choice per request: any other n is refused
+    max_tokens = number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
+    if max_tokens is None:
+        max_tokens = number(body, "max_tokens", 1, 2**31, None, integer=True)
+    max_tokens = min(max_tokens or limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
+    stream = flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise APIError("'stream_options' must be an object", param="stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    json_format, schema = _response_format(body.get("response_format"))
+    if body.get("json_schema") is not None:  # llama.cpp's extension
+        json_format, schema = True, schema_of(body["json_schema"], "json_schema")
+    draft = body.get("draft")
+    if draft is not None and draft != "lookup":
+        raise APIError("'draft' must be \"lookup\" (drafts from the prompt and the answer so far)", param="draft")
+    return {"draft": draft, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
+            "stop": stops(body.get("stop")), "sampling": sampling(body, limits.seed), "stream": stream,
+            "include_usage": include_usage, "json_format": json_format, "schema": schema,
+            "ignore_eos": flag(body, "ignore_eos"), "grammar": _grammar(body, json_format),
+            "logit_bias": logit_bias(body.get("logit_bias"), limits.n_vocab)}
+
+
+def _grammar(body: dict, json_format: bool) -> str | None:
+    """llama.cpp's `grammar` extension: GBNF, checked here (an invalid one is a 400)."""
+    from tallow.common.errors import TallowError
+    from tallow.runtime.grammar import check_gbnf
+
+    text = text_field(body, "grammar")
+    if text is None:
+        return None
+    if json_format:
+        raise APIError("'grammar' and a JSON response format cannot both constrain one answer", param="grammar")
+    try:
+        check_gbnf(text)
+    except TallowError as exc:
+        raise APIError(f"'grammar': {exc.message}", param="grammar") from exc
+    return text
+
+
+def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
+    if fmt is None:
+        return False, None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError("'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+                       param="response_format")
+    if fmt["type"] == "text":
+        return False, None
+    if fmt["type"] == "json_object":  # llama.cpp's extension: a schema here too
+        return True, (schema_of(fmt["schema"], "response_format.schema") if fmt.get("schema") is not None else None)
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+        raise APIError("'response_format.json_schema' must be an object with a 'schema'", param="response_format")
+    return True, schema_of(spec.get("schema", {}), "response_format.json_schema.schema")
+
+
+def _calls(m: dict, i: int) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls, as {"id", "name", "arguments"}."""
+    calls = m.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise APIError(f"messages[{i}].tool_calls must be a list", param="messages")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
+            raise APIError(f"messages[{i}].tool_calls[{j}] needs a function with a name and arguments (a JSON string)",
+                           param="messages")
+        out.append({"id": c.get("id") if isinstance(c.get("id"), str) else None, "name": fn["name"],
+                    "arguments": fn.get("arguments") or "{}"})
+    return out
+
+
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages in tallow's form: role, content text, and for the assistant its
+    calls, for a tool result the call it answers."""
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages")
+    clean, names = [], {}
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise APIError(f"messages[{i}] needs a 'role' of system, developer, user, assistant or tool",
+                           param="messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        msg: dict[str, Any] = {"role": role, "content": joined_text(m.get("content"), f"messages[{i}].content", "messages")}
+        if role == "assistant":
+            calls = _calls(m, i)
+            if calls:
+                msg["tool_calls"] = calls
+                names.update({c["id"]: c["name"] for c in calls if c["id"]})
+        elif role == "tool":
+            ref = m.get("tool_call_id")
+            if not isinstance(ref, str):
+                raise APIError(f"messages[{i}] (a tool result) needs a 'tool_call_id'", param="messages")
+            msg["tool_call_id"], msg["name"] = ref, names.get(ref, m.get("name"))
+        clean.append(msg)
+    return clean
+
+
+def parse_chat(body: dict, limits: Limits) -> Parsed:
+    check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    clean = chat_messages(body.get("messages"))
+    logprobs = None
+    if flag(body, "logprobs"):
+        logprobs = number(body, "top_logprobs", 0, 20, 0, integer=True)
+    elif body.get("top_logprobs") is not None:
+        raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    tools = tool_list(body["tools"], "tools", "chat") if body.get("tools") is not None else ()
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    choice = tool_choice(tools, body.get("tool_choice"), parallel, limits.tool_format, "chat")
+    return Parsed(messages=clean, prompt=None, logprobs=logprobs, tools=choice, **_common(body, limits))
+
+
+def parse_completion(body: dict, limits: Limits) -> Parsed:
+    check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or tokens) or not prompt:
+        raise APIError("'prompt' must be a non-empty string, or a list of token ids", param="prompt")
+    if flag(body, "echo"):
+        raise APIError("'echo' is not supported", param="echo")
+    if body.get("suffix") is not None:
+        raise APIError("'suffix' is not supported", param="suffix")
+    logprobs = number(body, "logprobs", 0, 20, None, integer=True)
+    return Parsed(messages=None, prompt=prompt, logprobs=logprobs, **_common(body, limits))
+
+
+def to_request(engine, parsed: Parsed) -> Request:
+    """The engine request for a checked one: tokens through the chat template (or plain text
+    for a completion), and the grammar for its response format. The leading system messages
+    are a prefix worth keeping in the disk prompt cache (the prompt that many requests share)."""
+    from tallow.common.errors import TallowError
+    from tallow.runtime.grammar import grammar_for
+
+    try:
+        grammar = parsed.grammar or grammar_for(parsed.json_format, parsed.schema)
+    except TallowError as exc:
+        raise APIError(exc.message, param="response_format") from exc
+    if parsed.messages is not None:
+        head = 0
+        while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
+            head += 1
+        prefixes = [parsed.messages[:head]] if head else []
+        return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
+                              **parsed.request_kwargs())
+    if isinstance(parsed.prompt, list):
+        vocab = engine.model.n_vocab
+        if not all(0 <= t < vocab for t in parsed.prompt):
+            raise APIError(f"'prompt' has a token id outside the vocabulary (0 to {vocab - 1})", param="prompt")
+        tokens = list(parsed.prompt)
+    else:
+        tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
+    return Request(tokens, grammar=grammar, **parsed.request_kwargs())
+
+
+# -- responses -----------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage(final: FinalEvent) -> dict[str, Any]:
+    u = final.usage
+    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    if u.reasoning_tokens:
+        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    # tallow's extensions: where the cached tokens came from, and what drafting achieved
+    if u.cache_source:
+        out["cache_source"] = u.cache_source
+    if u.draft_tokens:
+        out["draft_tokens"], out["accepted_tokens"] = u.draft_tokens, u.accepted_tokens
+    return out
+
+
+class Shaper:
+    """Builds the response objects of one request, streamed or whole."""
+
+    def __init__(self, parsed: Parsed, model: str, piece, fingerprint: str = "") -> None:
+        self.chat = parsed.messages is not None
+        self.id = new_id("chatcmpl" if self.chat else "cmpl")
+        self.created = int(time.time())
+        self.model = model
+        self.piece = piece
+        self.fingerprint = fingerprint
+        self.logprobs = parsed.logprobs is not None
+        self.entries: list[dict[str, Any]] = []
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.fingerprint:
+            out["system_fingerprint"] = self.fingerprint
+        return out
+
+    def note(self, ev: TokenEvent) -> dict[str, Any] | None:
+        """Record a token's log-probability; returns its entry (for a streamed chunk)."""
+        if not self.logprobs or ev.logprob is None:
+            return None
+        entry = token_logprob(ev, self.piece)
+        self.entries.append(entry)
+        return entry
+
+    def _logprobs_of(self, entries: list[dict[str, Any]]):
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return {"content": entries}
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": []}
+
+    def whole(self, final: FinalEvent, outcome: Outcome) -> dict[str, Any]:
+        if self.chat:
+            content = outcome.content if outcome.content.strip() or not outcome.calls else None
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if final.reasoning:
+                message["reasoning_content"] = final.reasoning
+            if outcome.calls:
+                message["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                                         for cid, name, args in outcome.calls]
+            choice = {"index": 0, "message": message, "logprobs": self._logprobs_of(self.entries),
+                      "finish_reason": outcome.finish_reason}
+            if outcome.error:
+                choice["tool_call_error"] = outcome.error  # tallow's extension
+            out = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": final.text, "logprobs": self._logprobs_of(self.entries),
+                      "finish_reason": final.finish_reason}
+            out = self._base("text_completion")
+        out.update(choices=[choice], usage=usage(final), timings=final.timings.summary())
+        return out
+
+    def chunk(self, text: str = "", reasoning: str = "", finish: str | None = None, first: bool = False,
+              entry: dict[str, Any] | None = None, calls: list[dict[str, Any]] | None = None,
+              error: str | None = None) -> dict[str, Any]:
+        lp = self._logprobs_of([entry]) if entry is not None else None
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if calls:
+                delta["tool_calls"] = calls
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            if error:
+                choice["tool_call_error"] = error
+            out = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+            out = self._base("text_completion")
+        out["choices"] = [choice]
+        return out
+
+    def deltas(self, deltas, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Chunks for an Answer's deltas (runtime/answer.py); a log-probability entry rides on
+        the first."""
+        out = []
+        for d in deltas:
+            if d.kind == "content":
+                out.append(self.chunk(d.text, entry=entry))
+            elif d.kind == "reasoning":
+                out.append(self.chunk(reasoning=d.text, entry=entry))
+            elif d.kind == "call":
+                out.append(self.chunk(entry=entry, calls=[{"index": d.index, "id": d.id, "type": "function",
+                                                           "function": {"name": d.text, "arguments": ""}}]))
+            else:
+                out.append(self.chunk(entry=entry, calls=[{"index": d.index, "function": {"arguments": d.text}}]))
+            entry = None
+        if entry is not None:
+            out.append(self.chunk(entry=entry))
+        return out
+
+    def usage_chunk(self, final: FinalEvent) -> dict[str, Any]:
+        out = self._base("chat.completion.chunk" if self.chat else "text_completion")
+        out.update(choices=[], usage=usage(final), timings=final.timings.summary())
+        return out

@@ -1,0 +1,62 @@
+"""The request every API route shares: the server's limits a request is checked against
+(`Limits`), and a checked request (`Parsed`), which each API's parser builds from its own
+fields and `to_request` (wire/openai_api.py) turns into the engine's Request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tallow.runtime.tools import ToolChoice
+from tallow.runtime.types import Sampling
+from tallow.wire.fields import APIError
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int  # requests asking for more are clamped to this
+    model: str  # the name the served model answers to
+    aliases: tuple[str, ...] = ()  # more names it answers to (--alias)
+    default_max_tokens: int | None = None  # for requests that give none (None: the clamp)
+    seed: int | None = None  # for requests that give none (--seed)
+    n_vocab: int = 0  # token ids run from 0 to n_vocab - 1
+    tool_format: str = "generic"  # the model's tool-call format family (or --tool-format)
+    fingerprint: str = ""  # system_fingerprint: tallow's version, the model's digest, the deterministic flag
+
+    def names(self) -> set[str]:
+        base = self.model.removesuffix(":latest")
+        return {self.model, base, base + ":latest", "tallow", *self.aliases}
+
+    def check_model(self, model: Any) -> None:
+        if model is not None and (not isinstance(model, str) or model not in self.names()):
+            shown = model if isinstance(model, str) else type(model).__name__
+            raise APIError(f"the model '{shown}' is not served here; this server runs '{self.model}'"
+                           " (start it with --alias NAME to answer to another name)", 404, "model", "model_not_found")
+
+
+@dataclass
+class Parsed:
+    """A checked request: what the engine needs, plus how to shape the answer."""
+
+    messages: list[dict[str, Any]] | None  # chat
+    prompt: str | list[int] | None  # text completion: text, or token ids
+    max_tokens: int
+    stop: tuple[str, ...]
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    json_format: bool
+    schema: dict[str, Any] | None
+    ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
+    draft: str | None = None  # tallow's extension: "lookup" drafts (speculative decoding)
+    save_prompt: bool = False  # tallow's extension: keep the whole prompt in the disk prompt cache
+    tools: ToolChoice | None = None
+    grammar: str | None = None  # llama.cpp's extension: GBNF constraining the answer
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)  # what one API keeps for shaping its answer
+
+    def request_kwargs(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
+                "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
+                "logit_bias": self.logit_bias}
