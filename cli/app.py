@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
 import typer.core
@@ -48,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
 }
 
 
-def load_command(name: str) -> typer.core.TyperCommand | typer.core.TyperGroup:
+def load_command(name: str) -> Any:
     """The click command of one entry of COMMANDS, its module imported now."""
     module, attribute, _, hidden = COMMANDS[name]
     target = getattr(importlib.import_module(f"tallow.cli.commands.{module}"), attribute)
@@ -152,7 +153,8 @@ def run_app(argv: list[str]) -> int:
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED
     except Exception as exc:  # click's usage errors, duck-typed: tallow imports only typer
-        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+        code = getattr(exc, "exit_code", None)
+        if not (hasattr(exc, "format_message") and isinstance(code, int)):
             raise
         ctx = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
@@ -160,5 +162,5 @@ def run_app(argv: list[str]) -> int:
             return EXIT_USAGE
         where = ctx.command_path if ctx is not None else "tallow"
         sys.stderr.write(f"error: {exc.format_message()}\nhint: see {where} --help\n")
-        return exc.exit_code
+        return code
     return rv if isinstance(rv, int) else 0

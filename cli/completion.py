@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 COMPLETE_VAR = "_TALLOW_COMPLETE"
 FILES = {"bash": "tallow.bash", "zsh": "_tallow", "fish": "tallow.fish"}
@@ -70,7 +71,7 @@ def complete(instruction: str, command) -> int:
     completion_init()
     # bash (complete -o default) and zsh (_files) fall back to file names when nothing is
     # offered; Typer's fish script says --no-files, so offer them from here.
-    fish = shell_completion.get_completion_class("fish")
+    fish: Any = shell_completion.get_completion_class("fish")
     item = shell_completion.CompletionItem
 
     class FishWithFiles(fish):
@@ -81,7 +82,7 @@ def complete(instruction: str, command) -> int:
             return [item(p) for p in paths(incomplete)]
 
     shell_completion.add_completion_class(FishWithFiles, "fish")
-    bash = shell_completion.get_completion_class("bash")
+    bash: Any = shell_completion.get_completion_class("bash")
 
     class BashByLine(bash):
         """Reads the line, not bash's split words (see the module's docstring)."""

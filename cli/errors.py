@@ -75,7 +75,7 @@ def report(exc: BaseException) -> int:
         name = str(exc.filename) if exc.filename else ""
         if len(name) > 80:  # a huge argument stays one readable line
             name = name[:80] + "..."
-        _say(f"{name}: {exc.strerror or exc}" if name else f"{exc.strerror or exc}", _OS_HINTS.get(exc.errno))
+        _say(f"{name}: {exc.strerror or exc}" if name else f"{exc.strerror or exc}", _OS_HINTS.get(exc.errno or 0))
         return EXIT_ERROR
     _say(f"unexpected {type(exc).__name__}: {exc}", "run again with TALLOW_DEBUG=1 for the traceback, and report it")
     return EXIT_ERROR

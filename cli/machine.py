@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from tallow.cli import settings
 
@@ -12,9 +13,9 @@ def probe_options(threads: int | None):
     from tallow.runtime.threads import physical_cores
 
     hook, timeout = settings.test_probe()
-    return ProbeOptions(mode=settings.cpu_repack(), threads=threads or physical_cores(),
-                        fault=hook if hook in ("crash", "hang") else None, force_probe=hook is not None,
-                        **({"timeout_s": timeout} if timeout else {}))
+    opts = ProbeOptions(mode=settings.cpu_repack(), threads=threads or physical_cores(),
+                        fault=hook if hook in ("crash", "hang") else None, force_probe=hook is not None)
+    return replace(opts, timeout_s=timeout) if timeout else opts
 
 
 def machine_profile(threads: int | None, refresh: bool = False):

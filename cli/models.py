@@ -8,6 +8,7 @@ from tallow.cli import settings
 
 if TYPE_CHECKING:
     from tallow.models.store import Store
+    from tallow.runtime.protocol import Generating
     from tallow.runtime.types import LoadSettings
 
 # Pulling (hub client, HTTP, wheels) is imported when a pull happens: every command
@@ -79,6 +80,22 @@ def _attach_cache(engine, local) -> None:
     from tallow.models.store import file_digest
 
     engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
+
+
+def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, disk_cache: bool = True,
+                format_: str | None = None, schema=None, allow_logprobs: bool = False) -> tuple[str, Generating]:
+    """(the name, what answers) for run and chat: the server given with --endpoint
+    (`remote`: the parsed endpoints), or the stored model loaded with `load` (None: the
+    defaults of LoadSettings)."""
+    if remote:
+        from tallow.cli.options import remote_engine
+
+        return model, remote_engine(remote[0], model, format_, schema, allow_logprobs)
+    if load is None:
+        from tallow.runtime.types import LoadSettings
+
+        load = LoadSettings()
+    return open_model(model, load, offline=offline, disk_cache=disk_cache)
 
 
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):

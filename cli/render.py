@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:  # rich is imported when something is rendered, not with every command
     from rich.console import Console
@@ -22,16 +22,20 @@ def err_console() -> Console:
     from rich.console import Console
 
     # Rich drops styling by itself when the stream is not a terminal.
-    return Console(stderr=True, highlight=False, markup=False, **({"color_system": None} if _plain() else {}))
+    if _plain():
+        return Console(stderr=True, highlight=False, markup=False, color_system=None)
+    return Console(stderr=True, highlight=False, markup=False)
 
 
 def out_console() -> Console:
+    """stdout; when it is not a terminal, never wrap or truncate what scripts will parse."""
     from rich.console import Console
 
-    """stdout; when it is not a terminal, never wrap or truncate what scripts will parse."""
     tty = sys.stdout.isatty()
-    return Console(highlight=False, markup=False, soft_wrap=True, width=None if tty else 10_000,
-                   **({"color_system": None} if _plain() else {}))
+    width = None if tty else 10_000
+    if _plain():
+        return Console(highlight=False, markup=False, soft_wrap=True, width=width, color_system=None)
+    return Console(highlight=False, markup=False, soft_wrap=True, width=width)
 
 
 def animated(console: Console) -> bool:
@@ -69,7 +73,7 @@ def fetch_progress(title: str, verb: str = "pulling") -> Iterator[Callable[[str,
                BarColumn(bar_width=None, table_column=Column(ratio=1)), DownloadColumn(table_column=fixed()),
                TransferSpeedColumn(table_column=fixed()), TimeRemainingColumn(table_column=fixed()))
     with Progress(*columns, console=console, transient=True, expand=True) as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, Any] = {}  # label -> rich's task id
 
         def update(label: str, done: int, total: int) -> None:
             if label not in tasks:

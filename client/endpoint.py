@@ -76,9 +76,12 @@ class Endpoint:
     def open(self, path: str, body: dict[str, Any] | None, timeout: float, method: str = "POST"):
         """Send a request and return the response once its status line is in; a refused or failed
         status is a RemoteError carrying the server's message."""
-        conn_type = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        kwargs = {"context": ssl.create_default_context()} if self.scheme == "https" else {}
-        conn = conn_type(self.host, self.port, timeout=timeout, **kwargs)
+        conn: http.client.HTTPConnection
+        if self.scheme == "https":
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json",
                    "User-Agent": "tallow"}
         if self.api_key:
@@ -95,7 +98,7 @@ class Endpoint:
             raw = _read_quietly(resp)
             conn.close()
             raise _status_error(self, resp.status, raw, resp.getheader("Retry-After"))
-        resp.conn_to_close = conn  # closed with the response (see Call.close)
+        resp.conn_to_close = conn  # type: ignore[attr-defined]  # closed with the response (see Call.close)
         return resp
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tallow.client.endpoint import Call, Endpoint, RemoteError
-from tallow.runtime.types import percentile
+from tallow.runtime.types import FinalEvent, percentile
 
 WORDS = ("time way year work day life world hand part child eye place week case point number group problem fact "
          "water home room area money story month night word side kind head house friend hour game line city name "
@@ -133,6 +133,8 @@ def one(endpoint: Endpoint, load: Load, i: int, timeout: float) -> Sample:
             final = event
     except RemoteError as exc:
         return Sample(e2e_ms=(time.perf_counter() - started) * 1000, error=exc.message)
+    if not isinstance(final, FinalEvent):
+        return Sample(e2e_ms=(time.perf_counter() - started) * 1000, error="the stream ended without its usage")
     t, u = final.timings, final.usage
     n = u.completion_tokens
     tpot = (t.total_ms - t.ttft_ms) / (n - 1) if n > 1 else 0.0

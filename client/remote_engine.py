@@ -11,11 +11,12 @@ itself when a conversation no longer fits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from tallow.client.endpoint import Call, Endpoint, Reply
 from tallow.common.errors import TallowError
-from tallow.runtime.types import FinalEvent, Sampling, TokenEvent
+from tallow.runtime.protocol import Events
+from tallow.runtime.types import Sampling, TokenEvent
 
 DEFAULTS = Sampling()  # tallow's own defaults: extensions left at them are the server's to choose
 
@@ -78,10 +79,20 @@ class RemoteEngine:
         body["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
         return RemoteRequest("/chat/completions", body)
 
-    def stream(self, request: RemoteRequest) -> Iterator[TokenEvent | FinalEvent]:
+    def stream(self, request: RemoteRequest) -> Events:
         call = Call(self.endpoint, request.path, request.body, self.timeout)
         self.last = call.reply
-        return call.events()
+        yield from call.events()
+
+    @property
+    def served_at(self) -> str:
+        return self.endpoint.url
+
+    def logprob_entries(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
+        return self.last.logprobs  # as the server gave them
+
+    def tool_format(self) -> str:
+        return "generic"  # never used: tools are refused in `request`
 
     def save_prompt(self, request: RemoteRequest) -> None:
         return None  # the server keeps its own prompt cache

@@ -158,7 +158,7 @@ class WholeSink:
 
 class IndexSink:
     def __init__(self, index) -> None:
-        self.index, self.rows = index, []
+        self.index, self.rows = index, list[tuple]()
 
     def add(self, index: int, text: str, vector) -> None:
         self.rows.append((text, vector))

@@ -84,7 +84,7 @@ def record_key(value: Any) -> str:
 class Records:
     """The output file's one writer: each record one whole line, flushed as it is written."""
 
-    def __init__(self, out: TextIO, stats: BatchStats, on_progress: Callable[[BatchStats], None]) -> None:
+    def __init__(self, out: TextIO, stats: BatchStats, on_progress: Callable[[Any], None]) -> None:
         self.out, self.stats, self.on_progress = out, stats, on_progress
 
     def write(self, record: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from tallow.common.errors import TallowError
 
@@ -80,7 +80,7 @@ class VectorIndex:
     def count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
-    def _chunks(self) -> Iterator[tuple[list[int], object]]:
+    def _chunks(self) -> Iterator[tuple[list[int], Any]]:
         import numpy as np
 
         dims = int(self.meta["dimensions"])

@@ -94,7 +94,7 @@ def pooling_of(folder: Path, architecture: str) -> str:
     modules = _read_json(folder, "modules.json", required=False)
     sub = next((m.get("path") for m in modules if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling")),
                None) if isinstance(modules, list) else None
-    conf = _read_json(folder / sub, "config.json", required=False) if sub else {}
+    conf: dict = _read_json(folder / sub, "config.json", required=False) if sub else {}
     if conf.get("pooling_mode_cls_token"):
         return "cls"
     if conf.get("pooling_mode_lasttoken"):

@@ -234,7 +234,9 @@ def _parse(buf, size: int, path: Path) -> GGUFInfo:
     for i in range(n_kv):
         key = r.string(f"metadata key {i}")
         type_id = r.u32(f"type of {key!r}")
-        info.metadata[key] = r.value(type_id, f"metadata {key!r}")
+        value = r.value(type_id, f"metadata {key!r}")
+        if key is not None:  # a key too long to keep names nothing anyone reads
+            info.metadata[key] = value
     _read_tensors(r, info, n_tensors)
     return info
 

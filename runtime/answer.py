@@ -31,10 +31,11 @@ class Outcome:
 class Answer:
     def __init__(self, choice: ToolChoice | None) -> None:
         on = choice is not None and choice.mode != "none" and bool(choice.offered)
-        self.fmt = choice.format if on else None
-        self.names = {t.name for t in choice.offered} if on else set()
-        self.schemas = {t.name: t.parameters for t in choice.offered} if on else {}
-        self.calls = CallStream(self.fmt) if on else None
+        self.fmt = choice.format if choice is not None and on else None
+        offered = choice.offered if choice is not None and on else []
+        self.names = {t.name for t in offered}
+        self.schemas = {t.name: t.parameters for t in offered}
+        self.calls = CallStream(self.fmt) if self.fmt is not None else None
         self.ids: list[str] = []
         self.sent = ""  # content sent
         self.failed: str | None = None  # a streamed call named no offered tool: the rest is content
@@ -113,6 +114,7 @@ class Answer:
         """The outcome of an answer that was not streamed."""
         if self.calls is None:
             return Outcome(final.text, final.reasoning, finish_reason=final.finish_reason)
+        assert self.fmt is not None  # calls are read only where a format is
         got = scan(final.text, self.fmt, final=True)
         unknown = [c.name for c in got.calls if c.name not in self.names]
         invalid = None if got.error or unknown else self._invalid(got.calls)

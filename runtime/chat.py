@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Generator
 
+from tallow.common.errors import TallowError
 from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.protocol import Generating
 from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling, TokenEvent
 
 
@@ -38,7 +40,7 @@ def _reported_sum(values) -> int | None:
     return sum(known) if known or not values else None
 
 
-SETTABLE = {
+SETTABLE: dict[str, Callable[[str], Any]] = {
     "temperature": float, "top_k": int, "top_p": float, "min_p": float,
     "repeat_penalty": float, "seed": int, "max_tokens": int, "draft": _draft, "logprobs": _logprobs,
 }
@@ -67,7 +69,7 @@ class ChatSettings:
 
 
 class Conversation:
-    def __init__(self, engine, settings: ChatSettings, system: str | None = None,
+    def __init__(self, engine: Generating, settings: ChatSettings, system: str | None = None,
                  messages: list[dict[str, Any]] | None = None) -> None:
         self.engine = engine
         self.settings = settings
@@ -83,7 +85,7 @@ class Conversation:
     def _reserve(self) -> int:
         """Room kept for the answer when deciding whether the prompt fits."""
         n_ctx = self.engine.n_ctx
-        return min(self.settings.max_tokens or 512, n_ctx // 4)
+        return min(self.settings.max_tokens or 512, n_ctx // 4 if n_ctx is not None else 512)
 
     def _fit(self, user: dict[str, Any]):
         dropped = 0
@@ -109,7 +111,7 @@ class Conversation:
             del self.messages[:2]  # the oldest user turn and its answer
             dropped += 1
 
-    def ask(self, text: str) -> Iterator[TokenEvent | FinalEvent | NoticeEvent]:
+    def ask(self, text: str) -> Generator[TokenEvent | FinalEvent | NoticeEvent, None, None]:
         """Stream one turn. Ctrl-C (KeyboardInterrupt thrown in) ends it with a final record;
         the partial answer stays in the conversation, marked as cut."""
         user = {"role": "user", "content": text}
@@ -117,7 +119,7 @@ class Conversation:
         if dropped:
             yield NoticeEvent(f"context full: dropped the oldest {dropped} turn{'s' * (dropped > 1)} to make room")
         events = self.engine.stream(request)
-        final = None
+        final: object = None
         try:
             for event in events:
                 if isinstance(event, FinalEvent):
@@ -126,13 +128,15 @@ class Conversation:
                     yield event
         except KeyboardInterrupt:
             final = events.throw(KeyboardInterrupt)
+        if not isinstance(final, FinalEvent):
+            raise TallowError("the engine ended without a final record")
         self._record(user, final)
         yield final
         if final.finish_reason != "interrupted":  # after the answer: saving never delays one
             self.engine.save_prompt(request)  # the system prompt, if it is not on disk yet
 
     def _record(self, user: dict[str, Any], final: FinalEvent) -> None:
-        answer = {"role": "assistant", "content": final.text}
+        answer: dict[str, Any] = {"role": "assistant", "content": final.text}
         if final.reasoning:
             # Templates that want reasoning back read `reasoning_content`; the rest ignore it.
             answer["reasoning_content"] = final.reasoning
@@ -159,7 +163,8 @@ class Conversation:
             if SETTABLE[name] in (_draft, _logprobs):
                 raise ValueError(f"{exc}, not {value!r}" if "'off'" in str(exc) else
                                  f"{name} needs a number or 'off', not {value!r}") from None
-            raise ValueError(f"{name} needs a {SETTABLE[name].__name__}, not {value!r}") from None
+            kind = getattr(SETTABLE[name], "__name__", "value")
+            raise ValueError(f"{name} needs a {kind}, not {value!r}") from None
         if name == "max_tokens":
             self.settings.max_tokens = parsed if parsed > 0 else None
         elif name in ("draft", "logprobs"):

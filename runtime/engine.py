@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
+from typing import Sequence as Seq
 
 from tallow.models.bert_import import POOLING
 from tallow.runtime.errors import ContextOverflow
@@ -23,11 +24,13 @@ from tallow.runtime.loadplan import (
     plan_memory,
     read_shape,
 )
-from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, common_prefix
-from tallow.runtime.speculative import LookupDrafter, verify
+from tallow.runtime.logprobs import token_logprob
+from tallow.runtime.protocol import Events
+from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
+from tallow.runtime.speculative import LookupDrafter
 from tallow.runtime.text import opens_reasoning, reasoning_markers
 from tallow.runtime.threads import Governor, Registry, physical_cores
-from tallow.runtime.types import FinalEvent, LoadSettings, Request, Timings, TokenEvent
+from tallow.runtime.types import LoadSettings, Request, Timings, TokenEvent
 
 _SEQ = 0
 
@@ -117,6 +120,12 @@ class Engine:
             tokens.insert(0, self.model.bos)
         return tokens
 
+    served_at = None  # this machine answers (runtime/protocol.py)
+
+    def logprob_entries(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
+        """The tokens' log-probabilities as the API gives them (`logprobs.content`)."""
+        return [token_logprob(ev, self.model.piece) for ev in tokens]
+
     def tool_format(self) -> str:
         """The tool-call format family of the model's chat template (runtime/tools.py)."""
         from tallow.runtime.tools import detect_format
@@ -125,7 +134,7 @@ class Engine:
         return detect_format(template.source if template else None)
 
     def request(self, messages: list[dict[str, Any]], *, raw: bool = False,
-                cache_prefixes: list[list[dict[str, Any]]] = (), tools=None, **kw) -> Request:
+                cache_prefixes: Seq[list[dict[str, Any]]] = (), tools=None, **kw) -> Request:
         """A Request for a conversation, knowing the model's reasoning markers. Each of
         `cache_prefixes` (a shorter conversation: the system prompt alone, a document
         without the question) marks where a prefix worth keeping on disk ends. `tools`
@@ -206,7 +215,7 @@ class Engine:
         return self.model.tokenize(text, add_special=special, parse_special=special)
 
     # -- generation --------------------------------------------------------------------------
-    def stream(self, request: Request) -> Iterator[TokenEvent | FinalEvent]:
+    def stream(self, request: Request) -> Events:
         """Yield a TokenEvent per sampled token, then exactly one FinalEvent.
 
         KeyboardInterrupt, raised in here or thrown in by the consumer with
@@ -228,21 +237,15 @@ class Engine:
             run.finish = "interrupted"
         yield run.final()
 
-    def _prefill(self, run: OutputStream, prompt: list[int]) -> None:
+    def _prefill(self, run: OutputStream, prompt: list[int], sampler) -> None:
         seq, disk = self.sequence, self.disk
-        cached = seq.reusable(prompt)
-        run.usage.cache_source = "memory" if cached else None
-        if disk is not None and disk.applies(run.request):
-            cached = disk.load_longest(seq, prompt, cached, run.usage)
-        seq.keep(cached)
-        run.usage.cached_tokens = cached
+        cached, points = begin_request(seq, run, disk, sampler)
         todo = prompt[cached:]
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later
         # run that loads the saved state must: llama.cpp's logits differ in the last bits
         # between batch sizes, and at temperature 0 that could change the answer.
         split = disk is not None and disk.saves_prompt(run.request)
         body = todo[: len(todo) - split] if todo else todo
-        points = disk.points(run.request, cached) if disk is not None and disk.applies(run.request) else []
         ends = sorted({*range(self.n_batch, len(body), self.n_batch), *(p - cached for p in points), len(body)})
         chunks = [body[a:b] for a, b in zip([0, *ends], ends) if b > a]
         if split and todo:
@@ -253,8 +256,8 @@ class Engine:
             self.ctx.decode(chunk, len(seq.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
             seq.kv.extend(chunk)
             while points and len(seq.kv) >= points[0]:
+                assert disk is not None  # cache points come from the disk cache
                 disk.save_point(seq, run.request, points.pop(0))
-        run.timings.prefill_tokens = len(todo)
 
     def sampler_for(self, request: Request):
         """A C sampler chain for the request's settings (the caller closes it); with a lazy
@@ -277,13 +280,9 @@ class Engine:
         return make(request.grammar)
 
     def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent]:
-        s = run.request.sampling
         sampler = self.sampler_for(run.request)
         try:
-            self._prefill(run, prompt)
-            if s.penalized:
-                for t in prompt[-s.repeat_last_n:]:
-                    sampler.accept(t)
+            self._prefill(run, prompt, sampler)
             run.decoding()
             yield from self._decode_loop(run, sampler)
         finally:
@@ -320,10 +319,7 @@ class Engine:
             ctx.decode([token, *draft], base, _SEQ, all_logits=True)
             kv.append(token)
             kv.extend(draft)
-            accepted, after = verify(draft, lambda i: sample(ctx, i))
-            seq.keep(base + 1 + len(accepted))  # drop the wrong guesses' cells
-            run.usage.draft_tokens += len(draft)
-            drafter.outcome(len(accepted), len(draft))
+            accepted, after = settle_draft(seq, run, drafter, draft, lambda i: sample(ctx, i))
             sampled, guesses = [*enumerate(accepted), (len(accepted), after)], len(accepted)
 
     def logits_for(self, tokens: list[int]):

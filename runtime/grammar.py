@@ -87,7 +87,10 @@ def check_gbnf(text: str) -> None:
         raise GrammarError(f"the grammar uses undefined rules: {', '.join(missing)}")
 
 
-def load_schema(text: str) -> dict[str, Any]:
+Schema = dict[str, Any] | bool  # a JSON schema: an object, or true / false (JSON Schema's boolean schemas)
+
+
+def load_schema(text: str) -> Schema:
     """Parse and check a JSON schema (the text of one, not a path)."""
     try:
         schema = json.loads(text)
@@ -106,7 +109,7 @@ def load_schema(text: str) -> dict[str, Any]:
     return schema
 
 
-def grammar_for(json_format: bool, schema: dict[str, Any] | None) -> str | None:
+def grammar_for(json_format: bool, schema: Schema | None) -> str | None:
     """The grammar for `--format json` or `--json-schema`, checked; None when neither."""
     if schema is None and not json_format:
         return None

@@ -100,11 +100,13 @@ class History:
                  u.cached_tokens, u.completion_tokens, json.dumps(final.timings.summary()), time.time(),
                  final.reasoning or None, u.reasoning_tokens),
             )
-            return cur.lastrowid
+            assert cur.lastrowid is not None  # an INSERT just ran
+        return cur.lastrowid
 
     def turns(self, limit: int | None = None, query: str | None = None, conversation: str | None = None) -> list[LoggedTurn]:
         """Newest first."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if query:
             where.append("(prompt LIKE ? OR response LIKE ? OR system LIKE ?)")
             args += [f"%{query}%"] * 3

@@ -29,12 +29,13 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
+from typing import Any
 
 _lock = threading.Lock()
 _installed = False
 _depth = 0  # native sections the main thread is inside
 _pending = False  # an interrupt arrived during a native section
-_previous = signal.default_int_handler
+_previous: Any = signal.default_int_handler  # the handler before tallow's (a callable, SIG_IGN or SIG_DFL)
 abort_flag = ctypes.create_string_buffer(2)  # b"" go on, b"\x01" abort
 
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tallow.common.errors import TallowError
 from tallow.runtime.types import LoadSettings
+
+if TYPE_CHECKING:
+    from tallow.models.memory import Estimate
 
 
 def gpu_layer_count(choice: str, offload_supported: bool, fit_layers: int | None = None) -> int:
@@ -33,7 +37,7 @@ def default_context(settings: LoadSettings, n_ctx_train: int) -> int:
 class MemoryPlan:
     n_ctx: int
     gpu_layers: int
-    estimate: object  # models.memory.Estimate
+    estimate: Estimate
     ram: int  # what was free
     note: str | None  # the default context was shrunk to fit
     problem: TallowError | None  # "needs X, have Y" and what would fit; None when it fits
@@ -89,8 +93,8 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     shape = shape or read_shape(paths)
     settings = replace(settings, flash_attn=choose_flash_attn(settings, shape))
     ram = settings.memory if settings.memory is not None else available_memory()
-    kw = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch, n_seq=settings.n_seq_max,
-              flash_attn=settings.flash_attn != "off")
+    kw: dict[str, Any] = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch,
+                              n_seq=settings.n_seq_max, flash_attn=settings.flash_attn != "off")
     n_ctx = default_context(settings, shape.n_ctx_train)
     fit_layers = None
     if settings.gpu_layers == "auto" and offload_supported and vram is not None:

@@ -16,7 +16,7 @@ def with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
     z = logits.astype(np.float64)
     z -= z.max()
     logz = np.log(np.exp(z).sum())
-    best = ()
+    best: tuple[tuple[int, float], ...] = ()
     if top > 0:
         idx = np.argpartition(-z, top - 1)[:top]
         idx = idx[np.argsort(-z[idx], kind="stable")]
@@ -26,7 +26,7 @@ def with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
 
 def token_logprob(ev: TokenEvent, piece) -> dict[str, Any]:
     """One entry of a chat `logprobs.content` list; `piece(token)` gives the token's bytes."""
-    def entry(token: int, lp: float) -> dict[str, Any]:
+    def entry(token: int, lp: float | None) -> dict[str, Any]:
         raw = piece(token)
         return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
 

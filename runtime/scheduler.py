@@ -23,14 +23,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from tallow.common.errors import TallowError
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
 from tallow.runtime.histogram import Histogram
-from tallow.runtime.sequence import OutputStream, Sequence, common_prefix
-from tallow.runtime.speculative import LookupDrafter, verify
+from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
+from tallow.runtime.speculative import LookupDrafter
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, TokenEvent
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
@@ -78,7 +78,7 @@ class Handle:
     """One submitted request: its events, and a way to cancel it."""
 
     def __init__(self, on_event: Callable[[Event], None] | None) -> None:
-        self._queue: queue.Queue | None = None if on_event is not None else queue.Queue()
+        self._queue: queue.Queue = queue.Queue()  # the events, when there is no callback
         self._on_event = on_event if on_event is not None else self._queue.put
         self.cancelled = False
         self._wake: Callable[[], None] = lambda: None
@@ -100,6 +100,7 @@ class Handle:
 
     def result(self) -> FinalEvent:
         *_, final = self.events()  # the last event is always the FinalEvent
+        assert isinstance(final, FinalEvent)
         return final
 
 
@@ -110,12 +111,18 @@ class _Job:
         self.run = OutputStream(request, model)
         self.limit = limit  # KV cells (positions) this request may use
         self.deadline = deadline
-        self.sampler = None
+        self.sampler: Any = None  # the C sampler chain, made when the job starts
         self.slot: _Slot | None = None
         self.next_token: int | None = None  # sampled, not yet evaluated
         self.drafter = LookupDrafter(request.prompt_tokens) if request.draft == "lookup" else None
         self.draft: list[int] = []  # guesses decoded after next_token in this step
         self.points: list[int] = []  # cache points to save when the prefill reaches them
+
+    @property
+    def held(self) -> _Slot:
+        """The slot of a started job (every job in the active list has one)."""
+        assert self.slot is not None
+        return self.slot
 
 
 class _Slot:
@@ -281,17 +288,7 @@ class Scheduler:
         return reserved + held + job.limit <= self.n_ctx
 
     def _start(self, job: _Job, slot: _Slot) -> None:
-        now = time.perf_counter()
-        prompt, seq, run, disk = job.request.prompt_tokens, slot.sequence, job.run, self.engine.disk
-        cached = seq.reusable(prompt)
-        run.usage.cache_source = "memory" if cached else None
-        if disk is not None and disk.applies(job.request):
-            cached = disk.load_longest(seq, prompt, cached, run.usage)
-        seq.keep(cached)
-        job.points = disk.points(job.request, cached) if disk is not None and disk.applies(job.request) else []
-        run.usage.cached_tokens = cached
-        run.timings.queue_ms = (now - run.started) * 1000
-        run.timings.prefill_tokens = len(prompt) - cached
+        job.run.timings.queue_ms = (time.perf_counter() - job.run.started) * 1000
         job.slot, slot.job = slot, job
         try:
             job.sampler = self.engine.sampler_for(job.request)
@@ -299,10 +296,7 @@ class Scheduler:
             slot.job = None
             self._emit(job, Failure(e))
             return
-        s = job.request.sampling
-        if s.penalized:
-            for t in prompt[-s.repeat_last_n:]:
-                job.sampler.accept(t)
+        _, job.points = begin_request(slot.sequence, job.run, self.engine.disk, job.sampler)
         self._active.append(job)
 
     def _expire(self) -> None:
@@ -320,11 +314,11 @@ class Scheduler:
         det = self.settings.deterministic
         decode: list[tuple[int, int, int, bool]] = []
         wants: list[tuple[int, _Job]] = []
-        decoding = sorted((j for j in self._active if j.next_token is not None), key=lambda j: j.slot.seq)
-        seqs = {j.slot.seq for j in decoding}
+        decoding = sorted((j for j in self._active if j.next_token is not None), key=lambda j: j.held.seq)
+        seqs = {j.held.seq for j in decoding}
         spare = max(0, (self.n_batch - 2 * len(decoding)) // max(1, len(decoding)))  # draft room each
         for job in decoding:
-            slot = job.slot
+            slot = job.held
             if job.drafter is not None:
                 job.draft = job.drafter.propose(min(job.limit - len(slot.kv) - 1, spare))
             # With a KV stream per sequence, llama.cpp splits a batch into runs of consecutive
@@ -332,6 +326,7 @@ class Scheduler:
             if det and not job.draft and slot.seq - 1 not in seqs and slot.seq + 1 not in seqs:
                 self._pair(slot, decode)
             wants.append((len(decode), job))
+            assert job.next_token is not None  # sorted into `decoding` for having one
             for token in (job.next_token, *job.draft):  # a draft's rows follow the token's
                 decode.append((token, len(slot.kv), slot.seq, True))
                 slot.kv.append(token)
@@ -339,7 +334,7 @@ class Scheduler:
         separate = []  # deterministic prefill chunks, each a call of its own
         budget = self.n_batch - len(decode)
         for job in self._active:
-            prompt, slot = job.request.prompt_tokens, job.slot
+            prompt, slot = job.request.prompt_tokens, job.held
             start = len(slot.kv)
             if job.run.t_decode_start is not None or start >= len(prompt):
                 continue
@@ -394,26 +389,27 @@ class Scheduler:
     def _save_points(self, seqs: set[int]) -> None:
         """Save the cache points the prefill just reached in a call that decoded `seqs` (see
         DiskPrefixes.points)."""
+        disk = self.engine.disk
+        if disk is None:  # no cache points without a disk cache
+            return
         for job in self._active:
-            while job.points and job.slot.seq in seqs and len(job.slot.kv) >= job.points[0]:
-                self.engine.disk.save_point(job.slot.sequence, job.request, job.points.pop(0))
+            while job.points and job.held.seq in seqs and len(job.held.kv) >= job.points[0]:
+                disk.save_point(job.held.sequence, job.request, job.points.pop(0))
 
     def _sample(self, job: _Job, row: int) -> None:
         """Sample the job's next token from `row` (with a draft: check the guesses decoded in
         rows after it, as the engine does) and take what the model chose."""
-        run, seq, ctx = job.run, job.slot.sequence, self.engine.ctx
+        run, seq, ctx = job.run, job.held.sequence, self.engine.ctx
         if run.t_decode_start is None:
             run.decoding()
         sample = job.sampler.sample
         if job.draft:
             draft, job.draft = job.draft, []
-            accepted, after = verify(draft, lambda i: sample(ctx, row + i))
-            seq.keep(len(seq.kv) - len(draft) + len(accepted))  # drop the wrong guesses' cells
-            run.usage.draft_tokens += len(draft)
-            job.drafter.outcome(len(accepted), len(draft))
+            assert job.drafter is not None  # a draft comes from the job's drafter
+            accepted, after = settle_draft(seq, run, job.drafter, draft, lambda i: sample(ctx, row + i))
             sampled = [(row + i, t) for i, t in enumerate(accepted)] + [(row + len(accepted), after)]
         else:
-            sampled, accepted = [(row, sample(ctx, row))], ()
+            sampled, accepted = [(row, sample(ctx, row))], []
         first, gaps = run.t_last is None, len(run.timings.itl_ms)
         events, ended = run.take_all(ctx, sampled, len(accepted))
         if first and run.t_last is not None:
@@ -436,20 +432,20 @@ class Scheduler:
     def _finish(self, job: _Job) -> None:
         final = job.run.final()
         self._count(final)
-        disk = self.engine.disk
-        saving = disk is not None and job.slot is not None and bool(disk.prefixes(job.request))
-        if saving:
+        disk, slot = self.engine.disk, job.slot
+        if disk is not None and slot is not None and disk.prefixes(job.request):
             self._emit(job, final)  # the answer first: saving its prompt never delays it
-            disk.save(job.slot.sequence, job.request)
-        self._release(job)
-        if not saving:
+            disk.save(slot.sequence, job.request)
+            self._release(job)
+        else:
+            self._release(job)
             self._emit(job, final)
 
     def _count(self, final: FinalEvent) -> None:
         st = self.stats
         st.requests[final.finish_reason] = st.requests.get(final.finish_reason, 0) + 1
-        st.prompt_tokens += final.usage.prompt_tokens
-        st.cached_tokens += final.usage.cached_tokens
+        st.prompt_tokens += final.usage.prompt_tokens or 0  # always counted by this engine
+        st.cached_tokens += final.usage.cached_tokens or 0
         st.completion_tokens += final.usage.completion_tokens
 
     def _fail(self, job: _Job, error: TallowError) -> None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tallow.runtime.logprobs import with_logprobs
+from tallow.runtime.speculative import LookupDrafter, verify
 from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
 from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
 
@@ -243,3 +244,39 @@ class OutputStream:
         self.usage.completion_tokens = self.n_out
         return FinalEvent("".join(self.parts), self.finish, self.usage, t, tail, "".join(self.reasoning_parts),
                           reasoning_tail, self.stops.matched)
+
+
+def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, sampler) -> tuple[int, list[int]]:
+    """What every driver does before a request's prefill, written once: reuse the prefix the
+    sequence holds, load a longer one from disk when there is one, prime the sampler's
+    repetition window with the prompt, and count it all in the request's usage. (Media
+    chunks of a multimodal prompt will be evaluated here.) Returns the prompt tokens the
+    sequence holds now and the cache points the prefill should save as it reaches them
+    (DiskPrefixes.points)."""
+    request = run.request
+    prompt = request.prompt_tokens
+    cached = seq.reusable(prompt)
+    run.usage.cache_source = "memory" if cached else None
+    from_disk = disk is not None and disk.applies(request)
+    if disk is not None and from_disk:
+        cached = disk.load_longest(seq, prompt, cached, run.usage)
+    seq.keep(cached)
+    run.usage.cached_tokens = cached
+    run.timings.prefill_tokens = len(prompt) - cached
+    s = request.sampling
+    if s.penalized:
+        for t in prompt[-s.repeat_last_n:]:
+            sampler.accept(t)
+    return cached, (disk.points(request, cached) if disk is not None and from_disk else [])
+
+
+def settle_draft(seq: Sequence, run: OutputStream, drafter: LookupDrafter, draft: list[int],
+                 sample_row) -> tuple[list[int], int]:
+    """A drafted step's outcome, for both drivers: the guesses the model confirms (each row
+    sampled as plain decoding would, `sample_row(i)`), the token it chose after them; the
+    wrong guesses' cells are dropped, and the drafter adapts its length."""
+    accepted, after = verify(draft, sample_row)
+    seq.keep(len(seq.kv) - len(draft) + len(accepted))
+    run.usage.draft_tokens += len(draft)
+    drafter.outcome(len(accepted), len(draft))
+    return accepted, after

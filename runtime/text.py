@@ -116,7 +116,8 @@ class ReasoningSplitter:
         """Returns (answer text, reasoning text, whether this text touched reasoning)."""
         buf = self._held + text
         self._held = ""
-        answer, reasoning = [], []
+        answer: list[str] = []
+        reasoning: list[str] = []
         touched = self.inside
         while buf:
             tag = self.close_tag if self.inside else self.open_tag

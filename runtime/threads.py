@@ -56,7 +56,7 @@ class Registry:
     def peers(self) -> dict[int, int]:
         import psutil
 
-        found = {}
+        found: dict = {}
         try:
             entries = list(self.folder.glob("*.json"))
         except OSError:

@@ -87,7 +87,7 @@ def _call_from_json(raw: str) -> tuple[Call | None, str | None]:
     try:
         obj = json.loads(raw)
     except ValueError as exc:
-        return None, f"a tool call is not valid JSON ({exc.msg})"
+        return None, f"a tool call is not valid JSON ({getattr(exc, 'msg', exc)})"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, "a tool call has no 'name'"
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -114,7 +114,7 @@ def scan_call(text: str, i: int, final: bool) -> tuple[Call | None, int | None, 
                 return Call(json.loads(f'"{named.group(1)}"'), "", False), None, None
             except ValueError:
                 return None, None, "a tool call's name is not a valid string"
-    if m is not None and text.startswith("{", m.end()):
+    if named is not None and m is not None and text.startswith("{", m.end()):
         try:
             name = json.loads(f'"{named.group(1)}"')
         except ValueError:
@@ -372,7 +372,7 @@ def _partial_string(text: str, j: int) -> tuple[str, int | None]:
     while open); an escape cut off at the end waits for the rest."""
     if j >= len(text) or text[j] != '"':
         return "", None
-    k, chars = j + 1, []
+    k, chars = j + 1, list[str]()
     while k < len(text):
         c = text[k]
         if c == '"':

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tallow.runtime.errors import GrammarError
+from tallow.runtime.grammar import Schema
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
 # What the answer starts with once a call begins, after the format's marker.
@@ -28,7 +29,7 @@ ARGS_KEY = {"hermes": "arguments", "llama3": "parameters", "mistral": "arguments
 class Tool:
     name: str
     description: str
-    parameters: dict[str, Any]  # a JSON schema (checked)
+    parameters: Schema  # checked
 
     def as_openai(self) -> dict[str, Any]:
         """The form chat templates receive (Hugging Face's apply_chat_template convention)."""
@@ -65,7 +66,7 @@ def detect_format(template: str | None) -> str:
 
 
 def template_knows_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template
+    return template is not None and "tools" in template
 
 
 # -- the prompt ----------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def prepare(messages: list[dict[str, Any]], choice: ToolChoice | None, template:
     results into user messages (the generic format)."""
     fmt = choice.format if choice else detect_format(template)
     native = template_knows_tools(template) and fmt != "generic"
-    tool_role = bool(template) and re.search(r"""['"]tool['"]""", template) is not None
+    tool_role = template is not None and re.search(r"""['"]tool['"]""", template) is not None
     out: list[dict[str, Any]] = []
     for m in messages:
         m = dict(m)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,7 @@ class LoadSettings:
     flash_attn: str = "auto"  # auto | on | off
     n_batch: int = 512
     echo_logs: bool = False
-    observer: object = None  # runtime.backend.ActivationStats, to collect an importance matrix
+    observer: Any = None  # runtime.backend.ActivationStats, to collect an importance matrix
     type_k: str = "f16"  # KV cache types
     type_v: str = "f16"
     n_seq_max: int = 1  # sequences the context can hold at once (more for parallel decoding)
@@ -25,9 +27,9 @@ class LoadSettings:
     check_memory: bool = True  # estimate memory before loading, and refuse what cannot fit
     memory: int | None = None  # RAM available to the model in bytes (None: what the machine has free now)
     vram: int | None = None  # free GPU memory in bytes (None: ask the GPU backend)
-    machine: object = None  # runtime.machine.Profile: repack verdict and flash-attention timings
+    machine: Any = None  # runtime.calibration.machine.Profile: repack verdict and flash-attention timings
     workload: object = None  # runtime.machine.Workload for flash_attn "auto" (None: fill the context)
-    registry: object = None  # folder of the running engines' thread claims (runtime/threads.py)
+    registry: Path | None = None  # folder of the running engines' thread claims (runtime/threads.py)
     related_pids: tuple[int, ...] = ()  # processes whose CPU time is this engine's own work (a runner's server)
     adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
     embeddings: bool = False  # an embedding context (runtime/embedding/embed.py): pooled vectors, no sampling
@@ -69,7 +71,7 @@ class Request:
     draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
-    lazy_grammar: object = None  # runtime.tools.LazyGrammar: constrain a tool call once the answer opens one
+    lazy_grammar: Any = None  # runtime.tools.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
 
 
@@ -187,7 +189,7 @@ class ContextParams:
     n_threads: int
     flash_attn: str = "auto"
     n_seq_max: int = 1  # more for decoding several sequences at once
-    observer: object = None  # an ActivationStats to call for every matrix product (imatrix)
+    observer: Any = None  # an ActivationStats to call for every matrix product (imatrix)
     type_k: str = "f16"  # KV cache types (ggml type names)
     type_v: str = "f16"
     kv_unified: bool | None = None  # None: unified exactly when there are several sequences

@@ -145,7 +145,7 @@ def parse_count(body: dict[str, Any], limits: Limits) -> Parsed:
 
 def _usage(final: FinalEvent | None, prompt_tokens: int = 0, cached: int = 0) -> dict[str, Any]:
     if final is not None:
-        prompt_tokens, cached = final.usage.prompt_tokens, final.usage.cached_tokens
+        prompt_tokens, cached = final.usage.prompt_tokens or 0, final.usage.cached_tokens or 0
     return {"input_tokens": prompt_tokens - cached, "output_tokens": final.usage.completion_tokens if final else 0,
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
@@ -168,7 +168,7 @@ class Shaper:
 
     def _message(self, content: list, final: FinalEvent | None, outcome: Outcome | None) -> dict[str, Any]:
         out = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-               "stop_reason": _stop_reason(final, outcome) if final else None,
+               "stop_reason": _stop_reason(final, outcome) if final and outcome else None,
                "stop_sequence": final.stop_sequence if final else None, "usage": _usage(final)}
         if outcome is not None and outcome.error:
             out["tool_call_error"] = outcome.error  # tallow's extension

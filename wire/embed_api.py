@@ -145,7 +145,11 @@ async def run(sched: EmbedScheduler, req: EmbedRequest) -> list:
     done: asyncio.Future = loop.create_future()
 
     def finish(result) -> None:
-        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+        def settle() -> None:
+            if not done.done():
+                done.set_result(result)
+
+        loop.call_soon_threadsafe(settle)
 
     try:
         job = sched.submit(req.inputs, finish)

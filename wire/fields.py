@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from tallow.common.errors import TallowError
+from tallow.runtime.grammar import Schema
 from tallow.runtime.tools import Tool, ToolChoice
 from tallow.runtime.types import Sampling
 
@@ -162,7 +163,7 @@ def stops(value: Any, name: str = "stop", most: int = 4) -> tuple[str, ...]:
     raise APIError(f"'{name}' must be a string or a list of up to {most} non-empty strings", param=name)
 
 
-def schema_of(value: Any, name: str) -> dict[str, Any]:
+def schema_of(value: Any, name: str) -> Schema:
     """A JSON schema field, checked (an invalid schema is a 400, never a 500)."""
     from tallow.runtime.grammar import load_schema
 
@@ -193,9 +194,10 @@ def tool_list(value: Any, name: str, shape: str) -> tuple[Tool, ...]:
             if t.get("type") != "function":
                 raise APIError(f"'{where}': only tools of type 'function' are supported, not {t.get('type')!r}",
                                param=name)
-            spec, params_key = (t.get("function") if shape == "chat" else t), "parameters"
-            if not isinstance(spec, dict):
+            found = t.get("function") if shape == "chat" else t
+            if not isinstance(found, dict):
                 raise APIError(f"'{where}.function' must be an object", param=name)
+            spec, params_key = found, "parameters"
         fn = spec.get("name")
         if not isinstance(fn, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", fn):
             raise APIError(f"'{where}' needs a 'name' of letters, digits, '_', '.', ':' or '-'", param=name)
@@ -221,7 +223,7 @@ def tool_choice(tools: tuple[Tool, ...], value: Any, parallel: bool, fmt: str, s
     elif isinstance(value, dict):
         kind = value.get("type")
         if shape == "anthropic" and kind in ("auto", "any", "none", "tool"):
-            mode = {"any": "required", "tool": "named"}.get(kind, kind)
+            mode = {"any": "required", "tool": "named"}.get(kind, str(kind))
             name = value.get("name") if kind == "tool" else None
             if value.get("disable_parallel_tool_use") is True:
                 parallel = False

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tallow.runtime.grammar import Schema
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
@@ -83,7 +84,7 @@ def _options(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
             "stop": stops(opts.get("stop"), "options.stop", most=16)}
 
 
-def _format(value: Any) -> tuple[bool, dict[str, Any] | None]:
+def _format(value: Any) -> tuple[bool, Schema | None]:
     if value is None or value == "":
         return False, None
     if value == "json":

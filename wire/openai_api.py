@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from tallow.runtime.answer import Outcome
+from tallow.runtime.grammar import Schema
 from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.types import FinalEvent, Request, TokenEvent
 from tallow.wire.fields import (
@@ -80,7 +81,7 @@ def _grammar(body: dict, json_format: bool) -> str | None:
     return text
 
 
-def _response_format(fmt) -> tuple[bool, dict[str, Any] | None]:
+def _response_format(fmt) -> tuple[bool, Schema | None]:
     if fmt is None:
         return False, None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
@@ -208,8 +209,8 @@ def new_id(prefix: str) -> str:
 
 def usage(final: FinalEvent) -> dict[str, Any]:
     u = final.usage
-    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-           "total_tokens": u.prompt_tokens + u.completion_tokens,
+    out: dict[str, Any] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": (u.prompt_tokens or 0) + u.completion_tokens,
            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
     if u.reasoning_tokens:
         out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}

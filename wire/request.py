@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tallow.runtime.grammar import Schema
 from tallow.runtime.tools import ToolChoice
 from tallow.runtime.types import Sampling
 from tallow.wire.fields import APIError
@@ -47,7 +48,7 @@ class Parsed:
     include_usage: bool
     logprobs: int | None
     json_format: bool
-    schema: dict[str, Any] | None
+    schema: Schema | None
     ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
     draft: str | None = None  # tallow's extension: "lookup" drafts (speculative decoding)
     save_prompt: bool = False  # tallow's extension: keep the whole prompt in the disk prompt cache

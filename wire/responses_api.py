@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from tallow.runtime.answer import Outcome
+from tallow.runtime.grammar import Schema
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
@@ -44,7 +45,7 @@ def _text_of(content: Any, where: str) -> str:
     return joined_text(content, where, "input", ("input_text", "output_text", "text"))
 
 
-def input_messages(items: Any, earlier: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+def input_messages(items: Any, earlier: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Responses input items as tallow's messages (wire/openai_api.py's form); `earlier`, the
     conversation they continue, names the calls its results answer."""
     if isinstance(items, str):
@@ -131,7 +132,7 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
                          "conversation": messages[1:] if instructions else messages})
 
 
-def _text_format(text: Any) -> tuple[bool, dict[str, Any] | None]:
+def _text_format(text: Any) -> tuple[bool, Schema | None]:
     if text is None:
         return False, None
     fmt = text.get("format") if isinstance(text, dict) else None
@@ -154,7 +155,7 @@ def usage(final: FinalEvent) -> dict[str, Any]:
     u = final.usage
     return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+            "total_tokens": (u.prompt_tokens or 0) + u.completion_tokens}
 
 
 class Shaper:
@@ -260,6 +261,11 @@ class Shaper:
         out.append(self.event("response.output_item.done", output_index=n, item=item))
         return out
 
+    def current(self) -> dict[str, Any]:
+        """The output item being streamed (one is open while deltas come)."""
+        assert self.open is not None
+        return self.open
+
     def deltas(self, deltas) -> list[str]:
         out: list[str] = []
         for d in deltas:
@@ -267,23 +273,23 @@ class Shaper:
             if d.kind == "reasoning":
                 if kind != "reasoning":
                     out += self._begin(self._reasoning(""))
-                self.open["content"][0]["text"] += d.text
-                out.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
+                self.current()["content"][0]["text"] += d.text
+                out.append(self.event("response.reasoning_text.delta", item_id=self.current()["id"],
                                       output_index=len(self.items) - 1, content_index=0, delta=d.text))
             elif d.kind == "content":
                 if kind != "message":
                     if not d.text.strip():
                         continue  # whitespace between calls is no message
                     out += self._begin(self._message("", "in_progress"))
-                self.open["content"][0]["text"] += d.text
-                out.append(self.event("response.output_text.delta", item_id=self.open["id"],
+                self.current()["content"][0]["text"] += d.text
+                out.append(self.event("response.output_text.delta", item_id=self.current()["id"],
                                       output_index=len(self.items) - 1, content_index=0, delta=d.text, logprobs=[]))
             elif d.kind == "call":
                 out += self._begin({"type": "function_call", "id": new_id("fc"), "call_id": d.id, "name": d.text,
                                     "arguments": "", "status": "in_progress"})
             else:
-                self.open["arguments"] += d.text
-                out.append(self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                self.current()["arguments"] += d.text
+                out.append(self.event("response.function_call_arguments.delta", item_id=self.current()["id"],
                                       output_index=len(self.items) - 1, delta=d.text))
         return out
 

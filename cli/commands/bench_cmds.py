@@ -250,8 +250,7 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
                     if status:
                         status.start()
                     try:
-                        res = B.run_test(engine, test, reps,
-                                         (lambda rep, s=status, t=test: s.update(f"{t.name}  rep {rep}/{reps}")) if status else None)
+                        res = B.run_test(engine, test, reps, _rep_counter(status, test.name, reps))
                     finally:
                         if status:
                             status.stop()
@@ -308,3 +307,14 @@ def _table(rows: list[dict], markdown: bool) -> None:
     bw = rows[0]["bandwidth_bytes_per_s"]
     sys.stdout.write(f"memory bandwidth (streaming read): {bw / 1e9:.1f} GB/s; 'of bandwidth limit' = decode tok/s x "
                      "bytes read per token (weights + KV cache) / bandwidth\n")
+
+
+def _rep_counter(status, name: str, reps: int):
+    """What run_test calls at each repetition: the spinner's line says which (None: no spinner)."""
+    if status is None:
+        return None
+
+    def on_rep(rep: int) -> None:
+        status.update(f"{name}  rep {rep}/{reps}")
+
+    return on_rep

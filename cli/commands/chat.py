@@ -8,8 +8,9 @@ import sys
 from tallow.cli import options as o
 from tallow.cli import settings
 from tallow.cli.commands.history_cmds import log_turn, open_history
-from tallow.cli.models import open_model
+from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, out_console, stats_line, stderr_is_terminal
+from tallow.common.errors import TallowError
 from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
 from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling
 
@@ -73,11 +74,8 @@ def chat(
     chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar)
-    if remote:
-        name, engine = model, o.remote_engine(remote[0], model, format_, schema)
-    else:
-        load = o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
-        name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
+    load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
+    name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
              show_stats=not quiet and (stats or stderr_is_terminal()))
@@ -129,7 +127,7 @@ def _read_message() -> str:
 def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool) -> FinalEvent | None:
     out, err = out_console(), err_console()
     events = conv.ask(text)
-    final = None
+    final: object = None
     tokens = []
     try:
         try:
@@ -143,6 +141,8 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool
                     tokens.append(event)
         except KeyboardInterrupt:
             final = events.throw(KeyboardInterrupt)
+        if not isinstance(final, FinalEvent):
+            raise TallowError("the engine ended without a final record")
     except (KeyboardInterrupt, StopIteration):
         sys.stdout.write("\n")
         return None
@@ -157,21 +157,18 @@ def _answer(conv: Conversation, text: str, hide_thinking: bool, show_stats: bool
     sys.stdout.write("\n")
     sys.stdout.flush()
     if conv.settings.logprobs is not None:  # /set logprobs N: the API's figures, a line a token
-        err.print(logprob_lines(tokens, conv.engine.model.piece), style="dim", markup=False, soft_wrap=True)
+        err.print(logprob_lines(conv.engine.logprob_entries(tokens)), style="dim", markup=False, soft_wrap=True)
     if show_stats:  # as for run: on a terminal, or with --stats
         err.print(stats_line(final), style="dim", soft_wrap=True)
     return final
 
 
-def logprob_lines(tokens, piece) -> str:
+def logprob_lines(entries: list[dict]) -> str:
     """Each answer token with its log-probability and the likeliest alternatives."""
-    from tallow.runtime.logprobs import token_logprob
-
     lines = []
-    for ev in tokens:
-        if ev.logprob is None:
+    for e in entries:
+        if e["logprob"] is None:
             continue
-        e = token_logprob(ev, piece)
         alts = ", ".join(f"{t['token']!r} {t['logprob']:.3f}" for t in e["top_logprobs"])
         lines.append(f"  {e['token']!r} {e['logprob']:.3f}" + (f"   [{alts}]" if alts else ""))
     return "\n".join(lines)
@@ -213,8 +210,8 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
             f"min_p {s.min_p}, repeat_penalty {s.repeat_penalty}, seed {s.seed}, max_tokens {conv.settings.max_tokens}, "
             f"draft {conv.settings.draft or 'off'}, logprobs "
             f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
-            + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.n_ctx is not None
-               else f"context: held by the server at {conv.engine.endpoint.url}"), markup=False, soft_wrap=True)
+            + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.served_at is None
+               else f"context: held by the server at {conv.engine.served_at}"), markup=False, soft_wrap=True)
     elif cmd == "/stats":
         st = conv.summary()
         shown = {k: "not reported" if st[k] is None else st[k] for k in ("prompt_tokens", "cached_tokens")}

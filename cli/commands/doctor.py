@@ -29,7 +29,7 @@ def _live_check(threads: int | None) -> dict:
     from tallow.models.catalog import SMOLLM2_135M
     from tallow.models.resolve import LocalModel, locate
     from tallow.runtime.engine import Engine
-    from tallow.runtime.types import Request, Sampling
+    from tallow.runtime.types import FinalEvent, Request, Sampling
 
     found = locate(SMOLLM2_135M.name, store())
     if not isinstance(found, LocalModel):
@@ -38,6 +38,7 @@ def _live_check(threads: int | None) -> dict:
         request = Request(engine.tokenize("The sky is"), max_tokens=16, sampling=Sampling(temperature=0.0),
                           ignore_eos=True, disk_cache=False)
         final = [e for e in engine.stream(request)][-1]
+        assert isinstance(final, FinalEvent)  # a stream ends with its final record
         t = final.timings
         return {"model": SMOLLM2_135M.name, "stored": True, "load_ms": round(engine.load_ms, 1),
                 "prefill_tokens": t.prefill_tokens, "decode_tokens": t.decode_tokens,

@@ -14,7 +14,7 @@ from tallow.cli import options as o
 from tallow.cli import settings
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.errors import EXIT_INTERRUPTED
-from tallow.cli.models import open_model
+from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
 from tallow.runtime.types import FinalEvent, Request, Sampling
@@ -90,13 +90,11 @@ def run(
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
     text, document = (None, None) if interactive else read_prompt(prompt)
-    if remote:
-        name, engine = model, o.remote_engine(remote[0], model, format_, schema, allow_logprobs=True)
-    else:
-        load = o.load_settings(ctx, threads, gpu_layers, flash_attn)
-        if not interactive:
-            load = o.one_shot(load, text, max_tokens, draft is not None)
-        name, engine = open_model(model, load, offline=offline or settings.offline(), disk_cache=not no_cache)
+    load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn)
+    if load is not None and text is not None:
+        load = o.one_shot(load, text, max_tokens, draft is not None)
+    name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
+                               allow_logprobs=True)
     with engine:
         if interactive:
             from tallow.cli.commands.chat import repl
@@ -105,6 +103,7 @@ def run(
             conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw), system, earlier)
             return repl(conv, name, hide_thinking, history, conversation_id,
                         show_stats=not quiet and (stats or stderr_is_terminal()))
+        assert text is not None  # read above, since this run is not interactive
         head = ([{"role": "system", "content": system}] if system else []) + earlier
         messages = head + [{"role": "user", "content": text}]
         # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
@@ -120,12 +119,8 @@ def run(
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
             if tool_spec is not None:
                 out.update(_calls(request, final, _tool_choice(engine, tool_spec)))
-            if logprobs is not None and remote:
-                out["logprobs"] = {"content": engine.last.logprobs}  # as the server gave them
-            elif logprobs is not None:
-                from tallow.runtime.logprobs import token_logprob
-
-                out["logprobs"] = {"content": [token_logprob(ev, engine.model.piece) for ev in tokens]}
+            if logprobs is not None:
+                out["logprobs"] = {"content": engine.logprob_entries(tokens)}
             sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
             sys.stdout.flush()
         if not quiet and (stats or (stderr_is_terminal() and not as_json)):  # the JSON has the figures
@@ -219,6 +214,8 @@ def _stream(engine, request: Request, echo: bool, show_reasoning: bool, tokens: 
         except KeyboardInterrupt:
             # The engine ends the request and hands back its final record.
             final = events.throw(KeyboardInterrupt)
+        if not isinstance(final, FinalEvent):
+            raise TallowError("the engine ended without a final record")
         if echo:
             out.write(final.tail + ("\n" if final.text and not final.text.endswith("\n") else ""))
             out.flush()
@@ -227,6 +224,4 @@ def _stream(engine, request: Request, echo: bool, show_reasoning: bool, tokens: 
         events.close()
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
         raise typer.Exit(0) from None
-    if final is None:
-        raise TallowError("the engine ended without a final record")
     return final

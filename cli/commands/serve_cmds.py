@@ -232,7 +232,7 @@ def _listen(host: str, port: int) -> socket.socket:
         hint = {errno.EADDRINUSE: "pick another --port, or stop what uses it",
                 errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: use 127.0.0.1, 0.0.0.0 (every "
                                      "interface) or one of its own addresses",
-                errno.EACCES: "ports below 1024 need privileges: pick a --port above 1023"}.get(exc.errno)
+                errno.EACCES: "ports below 1024 need privileges: pick a --port above 1023"}.get(exc.errno or 0)
         raise TallowError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", hint) from exc
     sock.listen(128)
     return sock

@@ -7,7 +7,7 @@ import re
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -55,7 +55,7 @@ def list_models(as_json: o.JsonList = False) -> None:
     """
     st = store()
     found, problems = st.all()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m, path in sorted(found, key=lambda mp: mp[0].name):
         rows.append({
             "name": m.name,
@@ -181,7 +181,7 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int 
         out.write(f"  {label:<10}{human_bytes(data[key]):>10}\n")
     if est.vram:
         out.write(f"  {'in RAM':<10}{human_bytes(est.ram):>10}\n  {'on GPU':<10}{human_bytes(est.vram):>10}"
-                  f"  of {human_bytes(vram)} free\n")
+                  f"  of {human_bytes(vram or 0)} free\n")
     out.write(f"  {'available':<10}{human_bytes(ram):>10}\n")
     out.write("  fits\n" if verdict is None else f"  does not fit: {verdict.message}\n  {verdict.hint}\n")
     if note:

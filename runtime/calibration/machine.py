@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 # Extra buffer types whose kernels are probed before use (name: why). CPU_REPACK is
 # llama.cpp's default path on every x86 and ARM build and is not probed.
@@ -90,8 +90,8 @@ def cpu_facts() -> dict:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                key, _, value = line.partition(":")
-                key = {"model name": "cpu", "flags": "flags", "Features": "flags"}.get(key.strip())
+                label, _, value = line.partition(":")
+                key = {"model name": "cpu", "flags": "flags", "Features": "flags"}.get(label.strip())
                 if key and key not in found:
                     found[key] = value.strip()
                 if len(found) == 2:
@@ -215,7 +215,7 @@ def build_facts() -> dict:
 
     from tallow.runtime.devices import lib_dir
 
-    facts = {"llama_cpp_python": version("llama-cpp-python")}
+    facts: dict[str, Any] = {"llama_cpp_python": version("llama-cpp-python")}
     folder = lib_dir()
     for name in ("libllama.so", "libggml-cpu.so", "libggml.so"):
         try:

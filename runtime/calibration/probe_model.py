@@ -42,11 +42,11 @@ def _byte_vocab() -> tuple[list[str], list[str]]:
     letters = [symbols[b] for b in range(ord("a"), ord("z") + 1)]
     merges = []
     for a in letters:
-        for b in letters:
+        for c in letters:
             if len(tokens) >= N_VOCAB - 1:
                 break
-            merges.append(f"{a} {b}")
-            tokens.append(a + b)
+            merges.append(f"{a} {c}")
+            tokens.append(a + c)
     tokens.append("<|end|>")
     return tokens, merges
 

@@ -34,7 +34,7 @@ from tallow.serve.front.pool import Pool, Runner
 from tallow.serve.front.proxy import OLLAMA_ROUTES, Proxy
 from tallow.serve.front.registry import Registry
 from tallow.serve.http.body import read_body
-from tallow.serve.http.errors import HANDLERS, error_response
+from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import counter, gauge, merge_pages
 from tallow.serve.http.replica import Replica
@@ -80,7 +80,7 @@ class FrontApp:
                        Route(f"{prefix}/models", self.models, methods=["GET"]),
                        Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"])]
         app = Starlette(routes=routes, middleware=cors(self.cfg.guard),
-                        exception_handlers={**HANDLERS, TallowError: self.tallow_error})
+                        exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg.guard, self.replica)
 
     async def body_of(self, request: HTTPRequest) -> dict[str, Any]:

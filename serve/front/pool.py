@@ -164,7 +164,7 @@ class Pool:
             return runner
 
     def release(self, runner: Runner, keep_alive: float | None | str = "default") -> None:
-        keep = self.settings.keep_alive if keep_alive == "default" else keep_alive
+        keep = self.settings.keep_alive if isinstance(keep_alive, str) else keep_alive  # "default"
         with self.lock:
             runner.inflight -= 1
             runner.last_used = time.monotonic()
@@ -280,6 +280,7 @@ class Pool:
     def _watch(self, runner: Runner) -> None:
         """Read the runner's ready line and stderr until it exits; then say why it ended."""
         threading.Thread(target=self._read_stderr, args=(runner,), daemon=True).start()
+        assert runner.proc.stdout is not None and runner.proc.stderr is not None  # both are pipes
         line = runner.proc.stdout.readline()
         if line:
             try:
@@ -307,6 +308,7 @@ class Pool:
         runner.ready.set()
 
     def _read_stderr(self, runner: Runner) -> None:
+        assert runner.proc.stderr is not None  # a pipe
         for raw in runner.proc.stderr:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             runner.stderr.append(line)

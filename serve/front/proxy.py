@@ -48,9 +48,11 @@ class Proxy:
         if body.get("model") != local.name:  # the runner answers to its model's own name
             body["model"] = local.name
             raw = json.dumps(body).encode()
-        runner, load_ms = self.pool.try_acquire(local.name), 0.0  # resident: no thread hop
+        runner: Runner | None = self.pool.try_acquire(local.name)  # resident: no thread hop
+        load_ms = 0.0
         if runner is None:
             runner, load_ms = await run_in_threadpool(self.pool.acquire, local.name)
+        assert runner is not None  # acquire waits for one or raises
         try:
             await self._answer(scope, receive, send, runner, raw, load_ms)
         finally:

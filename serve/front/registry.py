@@ -104,6 +104,8 @@ class Registry:
         if self.store.get(name) is not None:
             raise APIError(f"a model named '{name}' is already stored", 409, "destination")
         manifest = self.store.get(local.name)
+        if manifest is None:  # removed since it was found
+            raise APIError(f"the model '{source}' is not stored", 404, "source", "model_not_found")
         self.store.commit(replace(manifest, name=name, source={**manifest.source, "copied_from": manifest.name}))
 
     def delete(self, text: Any) -> str:

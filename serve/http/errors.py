@@ -3,6 +3,8 @@ exception handlers both apps install."""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
@@ -35,4 +37,9 @@ async def not_found(request: HTTPRequest, exc) -> Response:
     return error_response(request.url.path, APIError(detail, status))
 
 
-HANDLERS = {APIError: api_error, 404: not_found, 405: not_found}  # both apps' (the front's and a runner's)
+HANDLERS: dict[Any, Any] = {APIError: api_error, 404: not_found, 405: not_found}  # both apps'
+
+
+def handlers(kind: type[Exception], handler: Callable[..., Any]) -> dict[Any, Any]:
+    """The shared handlers, and the app's own for `kind` (Starlette's table takes any exception type)."""
+    return {**HANDLERS, kind: handler}

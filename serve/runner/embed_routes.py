@@ -19,7 +19,7 @@ from tallow.common.errors import TallowError
 from tallow.runtime.embedding.embed_scheduler import EmbedScheduler
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
-from tallow.serve.http.errors import HANDLERS, error_response
+from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import counter, gauge
 from tallow.wire import embed_api
@@ -79,22 +79,23 @@ class EmbedRoutes:
         return JSONResponse(answer)
 
 
-def side_scheduler(engine, n_batch: int = 512, max_seqs: int = 16) -> Callable[[], EmbedScheduler]:
-    """A factory for a chat model's embedding scheduler: an embedding context (mean pooling)
-    on the engine's loaded weights, opened once, on first use."""
-    made: list[EmbedScheduler] = []
-    lock = threading.Lock()
+class SideScheduler:
+    """A chat model's embedding scheduler, made on first use: an embedding context (mean
+    pooling) on the engine's loaded weights, opened once; `made` holds it once it exists
+    (what /metrics reports)."""
 
-    def get() -> EmbedScheduler:
-        with lock:
-            if not made:
+    def __init__(self, engine, n_batch: int = 512, max_seqs: int = 16) -> None:
+        self.engine, self.n_batch, self.max_seqs = engine, n_batch, max_seqs
+        self.made: list[EmbedScheduler] = []
+        self.lock = threading.Lock()
+
+    def __call__(self) -> EmbedScheduler:
+        with self.lock:
+            if not self.made:
                 from tallow.runtime.embedding.embed import side_embedder
 
-                made.append(EmbedScheduler(side_embedder(engine, n_batch, max_seqs)))
-            return made[0]
-
-    get.made = made  # type: ignore[attr-defined]  # what /metrics reports, once there is one
-    return get
+                self.made.append(EmbedScheduler(side_embedder(self.engine, self.n_batch, self.max_seqs)))
+            return self.made[0]
 
 
 def create_embed_app(sched: EmbedScheduler, cfg: ServerConfig) -> Guard:
@@ -119,7 +120,7 @@ class EmbedApp:
             routes += [Route(f"{prefix}/models", self.models, methods=["GET"])]
             routes += [Route(prefix + p, self.generating, methods=["POST"]) for p in GENERATING]
         app = Starlette(routes=routes, middleware=cors(self.cfg),
-                        exception_handlers={**HANDLERS, TallowError: self.tallow_error})
+                        exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)
 
     async def generating(self, request: HTTPRequest) -> Response:

@@ -25,11 +25,11 @@ from tallow.runtime.scheduler import Failure, QueueFull, Scheduler
 from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
-from tallow.serve.http.errors import HANDLERS, error_response
+from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
-from tallow.serve.runner.embed_routes import embed_metrics, embed_routes, side_scheduler
+from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
 from tallow.wire.fields import APIError, parse_json
@@ -59,7 +59,7 @@ class RunnerApp:
         self.started = int(time.time())
         self.pumps: dict[asyncio.AbstractEventLoop, EventPump] = {}
         self.store = ResponseStore(cfg.history)
-        self.embedding = side_scheduler(engine)  # a chat model's embeddings, on first use
+        self.embedding = SideScheduler(engine)  # a chat model's embeddings, on first use
 
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
@@ -78,7 +78,7 @@ class RunnerApp:
             ]
         routes += embed_routes(self.embedding, self.cfg, self.limits)
         app = Starlette(routes=routes, middleware=cors(self.cfg),
-                        exception_handlers={**HANDLERS, TallowError: self.tallow_error})
+                        exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)
 
     async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], int]:
