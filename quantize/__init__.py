@@ -1,1 +1,1 @@
-"""Quantization and its quality cost (perplexity, KLD). Not built yet."""
+"""Quantization and its quality cost: quantize a model, and measure perplexity and KL divergence."""

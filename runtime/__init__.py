@@ -1,1 +1,1 @@
-"""The engine: load, tokenize, template, decode, stream typed events."""
+"""The engine and what drives it: load, tokenize, template, the sequence core, schedule, decode, cache, calibrate, embed, tool calls."""

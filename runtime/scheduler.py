@@ -31,7 +31,7 @@ from tallow.runtime.errors import BackendError, ContextOverflow
 from tallow.runtime.histogram import Histogram
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
-from tallow.runtime.types import FinalEvent, LoadSettings, Request, TokenEvent
+from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings, TokenEvent
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
 # rows), past which a tiled kernel with its own summation order takes over.
@@ -40,17 +40,6 @@ DET_CHUNK = 63
 
 class QueueFull(TallowError):
     """Too many requests are waiting already."""
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    parallel: int = 4  # sequences decoded together
-    deterministic: bool = False  # answers independent of the other requests in the batch
-    kv_unified: bool = False  # one KV buffer for all (a request may use all of it); else a stream each
-    max_queue: int = 64  # requests that may wait for a slot; more are refused
-    max_tokens_cap: int | None = None  # clamp on a request's max_tokens (None: the sequence's room)
-    time_limit_s: float | None = None  # per request, from submission; finish_reason "time_limit"
-    draft: str | None = None  # the draft method of requests that name none ("lookup")
 
 
 def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:

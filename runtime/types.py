@@ -211,3 +211,14 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), before the other samplers
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    parallel: int = 4  # sequences decoded together
+    deterministic: bool = False  # answers independent of the other requests in the batch
+    kv_unified: bool = False  # one KV buffer for all (a request may use all of it); else a stream each
+    max_queue: int = 64  # requests that may wait for a slot; more are refused
+    max_tokens_cap: int | None = None  # clamp on a request's max_tokens (None: the sequence's room)
+    time_limit_s: float | None = None  # per request, from submission; finish_reason "time_limit"
+    draft: str | None = None  # the draft method of requests that name none ("lookup")

@@ -1,9 +1,18 @@
-"""What a `tallow serve` process is told at start: the settings both apps (the front and a
-runner) read, in one typed place."""
+"""What a `tallow serve` process is told at start, in one typed place: `ServerConfig`, the
+settings both apps (the front and a runner) read, and `RunnerConfig`, everything one runner
+process is told by the server that starts it (sent as JSON on its command line). The
+defaults live here and in the runtime's own settings (SchedulerSettings, Sampling); the
+CLI's option defaults are read from them, so a default is written once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from tallow.runtime.types import SchedulerSettings
+
+_SCHEDULER = SchedulerSettings()
 
 
 @dataclass(frozen=True)
@@ -21,3 +30,63 @@ class ServerConfig:
     fingerprint: str = ""
     history: object = None  # where stored Responses live: a path, ":memory:", or None (not stored)
     fault_after_tokens: int | None = None  # tests only: die by SIGSEGV at this many tokens (crash containment)
+
+
+_SERVER = ServerConfig(model="")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    # the scheduler
+    parallel: int = _SCHEDULER.parallel
+    deterministic: bool = _SCHEDULER.deterministic
+    kv_unified: bool = _SCHEDULER.kv_unified
+    max_queue: int = _SCHEDULER.max_queue
+    timeout: float | None = 600.0  # seconds a request may take (finish_reason "time_limit")
+    draft: str | None = _SCHEDULER.draft
+    # the load
+    ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: str = "auto"
+    flash_attn: str = "auto"
+    no_cache: bool = False
+    embed_batch: int = 512  # an embedding model's tokens per decode
+    # the HTTP app
+    max_tokens: int = _SERVER.max_tokens
+    max_body: int = _SERVER.max_body
+    default_max_tokens: int | None = _SERVER.default_max_tokens
+    seed: int | None = _SERVER.seed
+    tool_format: str | None = _SERVER.tool_format
+    history: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunnerConfig:
+        """The config a server sent; a key this version does not know is an error, not ignored."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("the runner configuration must be a JSON object")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown runner settings: {', '.join(unknown)}")
+        if "aliases" in data:
+            data["aliases"] = tuple(data["aliases"])
+        return cls(**data)
+
+    def with_options(self, options: dict[str, Any]) -> RunnerConfig:
+        """This config with one model's own settings (serve --model-option) over it."""
+        return replace(self, **options)
+
+    def scheduler(self) -> SchedulerSettings:
+        return SchedulerSettings(parallel=self.parallel, deterministic=self.deterministic, kv_unified=self.kv_unified,
+                                 max_queue=self.max_queue, max_tokens_cap=self.max_tokens, time_limit_s=self.timeout,
+                                 draft=self.draft)
+
+    def server(self, model: str, fingerprint: str, fault_after_tokens: int | None = None) -> ServerConfig:
+        return ServerConfig(model=model, max_body=self.max_body, max_tokens=self.max_tokens,
+                            default_max_tokens=self.default_max_tokens, seed=self.seed, aliases=self.aliases,
+                            fingerprint=fingerprint, tool_format=self.tool_format, history=self.history,
+                            fault_after_tokens=fault_after_tokens)

@@ -22,6 +22,8 @@ MAY_IMPORT = {
     "jobs": {"client", "wire", "runtime", "models", "common"},
     "serve": {"wire", "runtime", "models", "common"},
     "cli": {"serve", "jobs", "client", "wire", "runtime", "models", "quantize", "common"},
+    # the public Python API: the CLI's settings and loading, without Typer or HTTP
+    "api": {"cli", "runtime", "models", "common"},
 }
 # inside serve/: the front (one process for many models) never loads an engine, and the
 # plumbing both apps share knows neither app

@@ -53,7 +53,7 @@ def batch(
     """
     from tallow.jobs.batch import run_batch
     from tallow.jobs.records import BatchStats, count_requests, open_output, previous_results, read_lines
-    from tallow.runtime.scheduler import SchedulerSettings
+    from tallow.runtime.types import SchedulerSettings
     from tallow.wire.request import Limits
 
     remote = o.endpoints(endpoint, api_key, offline, many=True)

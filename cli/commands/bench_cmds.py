@@ -154,7 +154,8 @@ def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_a
 
     from tallow.models.gguf_file import read_gguf
     from tallow.runtime import bench as B
-    from tallow.runtime.scheduler import Scheduler, SchedulerSettings
+    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.types import SchedulerSettings
 
     n_threads, n_batch, ngl = combo
     rows = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 
 from tallow.cli import options as o
 from tallow.cli import settings
@@ -13,6 +14,8 @@ from tallow.cli.render import err_console, out_console, stats_line, stderr_is_te
 from tallow.common.errors import TallowError
 from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
 from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling
+
+DEFAULT = Sampling()  # the sampling defaults, defined once (runtime/types.py); the options show them
 
 HELP = """commands:
   /help                 this list
@@ -32,11 +35,11 @@ _SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 def chat(
     model: o.Model,
     system: o.System = None,
-    temperature: o.Temperature = 0.8,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    repeat_penalty: o.RepeatPenalty = 1.0,
+    temperature: o.Temperature = DEFAULT.temperature,
+    top_k: o.TopK = DEFAULT.top_k,
+    top_p: o.TopP = DEFAULT.top_p,
+    min_p: o.MinP = DEFAULT.min_p,
+    repeat_penalty: o.RepeatPenalty = DEFAULT.repeat_penalty,
     seed: o.Seed = None,
     max_tokens: o.MaxTokens = None,
     stop: o.Stop = None,
@@ -71,7 +74,8 @@ def chat(
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop"})
     grammar, schema = o.structured(format_, json_schema)
-    chat_settings = ChatSettings(Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed), max_tokens,
+    chat_settings = ChatSettings(replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                              repeat_penalty=repeat_penalty, seed=seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar)
     load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)

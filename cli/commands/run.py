@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -18,6 +19,8 @@ from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
 from tallow.runtime.types import FinalEvent, Request, Sampling
+
+DEFAULT = Sampling()  # the sampling defaults, defined once (runtime/types.py); the options show them
 
 
 def read_prompt(prompt: str | None) -> tuple[str, str | None]:
@@ -37,11 +40,11 @@ def run(
     prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
                                  "Without one, on a terminal: an interactive chat.", show_default=False),
     system: o.System = None,
-    temperature: o.Temperature = 0.8,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    repeat_penalty: o.RepeatPenalty = 1.0,
+    temperature: o.Temperature = DEFAULT.temperature,
+    top_k: o.TopK = DEFAULT.top_k,
+    top_p: o.TopP = DEFAULT.top_p,
+    min_p: o.MinP = DEFAULT.min_p,
+    repeat_penalty: o.RepeatPenalty = DEFAULT.repeat_penalty,
     seed: o.Seed = None,
     max_tokens: o.MaxTokens = None,
     stop: o.Stop = None,
@@ -84,7 +87,8 @@ def run(
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto"})
     tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
-    sampling = Sampling(temperature, top_k, top_p, min_p, repeat_penalty, 64, seed)
+    sampling = replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                       repeat_penalty=repeat_penalty, seed=seed)
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)

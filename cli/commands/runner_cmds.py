@@ -21,6 +21,7 @@ import typer
 
 from tallow.cli import options as o
 from tallow.cli import settings
+from tallow.serve.config import RunnerConfig
 
 
 def runner(
@@ -38,9 +39,11 @@ def runner(
         raise typer.BadParameter("give --socket or --port", param_hint="--socket")
     from dataclasses import replace
 
-    c = json.loads(config)
-    load = o.with_draft(o.load_settings(c.get("ctx"), c.get("threads"), c.get("gpu_layers", "auto"),
-                                        c.get("flash_attn", "auto")), c.get("draft"))
+    try:
+        c = RunnerConfig.from_json(config)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from exc
+    load = o.with_draft(o.load_settings(c.ctx, c.threads, c.gpu_layers, c.flash_attn), c.draft)
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
     if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker
@@ -68,17 +71,11 @@ def runner(
         sched.close()
 
 
-def _config(c: dict, name: str, engine, crash=None):
+def _config(c: RunnerConfig, name: str, engine, crash=None):
     from importlib.metadata import version
 
-    from tallow.serve.config import ServerConfig
-
-    fingerprint = (f"tallow-{version('tallow')}-{(engine.digest or 'local')[:12]}"
-                   + ("-det" if c.get("deterministic") else ""))
-    return ServerConfig(model=name, max_body=c.get("max_body", 4 * 1024 * 1024), max_tokens=c.get("max_tokens", 4096),
-                        default_max_tokens=c.get("default_max_tokens"), seed=c.get("seed"),
-                        aliases=tuple(c.get("aliases", ())), fingerprint=fingerprint, tool_format=c.get("tool_format"),
-                        history=c.get("history"), fault_after_tokens=crash[0] if crash else None)
+    fingerprint = f"tallow-{version('tallow')}-{(engine.digest or 'local')[:12]}" + ("-det" if c.deterministic else "")
+    return c.server(name, fingerprint, crash[0] if crash else None)
 
 
 def _ready(name: str, engine, **shape) -> dict:
@@ -87,23 +84,18 @@ def _ready(name: str, engine, **shape) -> dict:
             "memory": engine.estimate.to_dict() if engine.estimate else {}}
 
 
-def _generating(model: str, load, c: dict):
+def _generating(model: str, load, c: RunnerConfig):
     from tallow.cli.models import open_scheduler
-    from tallow.runtime.scheduler import SchedulerSettings
     from tallow.serve.runner.runner_app import create_app
 
-    sched_settings = SchedulerSettings(parallel=c.get("parallel", 4), deterministic=c.get("deterministic", False),
-                                       kv_unified=c.get("kv_unified", False), max_queue=c.get("max_queue", 64),
-                                       max_tokens_cap=c.get("max_tokens", 4096), time_limit_s=c.get("timeout"),
-                                       draft=c.get("draft"))
-    name, sched = open_scheduler(model, load, True, sched_settings, disk_cache=not c.get("no_cache", False))
+    name, sched = open_scheduler(model, load, True, c.scheduler(), disk_cache=not c.no_cache)
     engine = sched.engine
     app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)))
     return name, sched, app, _ready(name, engine, capacity=sched.capacity, n_ctx=sched.n_ctx,
                                     parallel=len(sched.slots), unified=sched.unified)
 
 
-def _embedding(model: str, load, c: dict):
+def _embedding(model: str, load, c: RunnerConfig):
     """An embedding model or reranker: its inputs batched by the embedding scheduler."""
     from dataclasses import replace
 
@@ -111,8 +103,8 @@ def _embedding(model: str, load, c: dict):
     from tallow.runtime.embedding.embed_scheduler import EmbedScheduler
     from tallow.serve.runner.embed_routes import create_embed_app
 
-    local, embedder = open_embedder(model, replace(load, n_batch=c.get("embed_batch", 512), n_ctx=None), True)
-    sched = EmbedScheduler(embedder, max_queued_inputs=c.get("max_queue", 64) * 1024)
+    local, embedder = open_embedder(model, replace(load, n_batch=c.embed_batch, n_ctx=None), True)
+    sched = EmbedScheduler(embedder, max_queued_inputs=c.max_queue * 1024)
     engine = embedder.engine
     app = create_embed_app(sched, _config(c, local.name, engine))
     return local.name, sched, app, _ready(local.name, engine, capacity=embedder.max_tokens, n_ctx=engine.n_ctx,

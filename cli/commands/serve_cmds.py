@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 import sys
@@ -17,19 +16,22 @@ from tallow.cli import options as o
 from tallow.cli import settings
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
+from tallow.serve.config import RunnerConfig
+
+DEFAULT = RunnerConfig()  # serve's defaults, defined once (serve/config.py); the options show them
 
 
 def serve(
     models: Optional[list[str]] = typer.Argument(None, help="Models to load at start (default: none; every stored model is served on demand).", show_default=False, autocompletion=o.complete_model),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
-    parallel: o.Parallel = 4,
+    parallel: o.Parallel = DEFAULT.parallel,
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on every request (also TALLOW_API_KEY).", show_default=False),
     cors: Optional[list[str]] = typer.Option(None, "--cors", help="Allow browser requests from this origin (repeatable).", show_default=False),
-    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Clamp on a request's max_tokens."),
-    max_queue: int = typer.Option(64, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
-    timeout: float = typer.Option(600.0, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
-    max_body: int = typer.Option(4 * 1024 * 1024, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
+    max_tokens: int = typer.Option(DEFAULT.max_tokens, "--max-tokens", min=1, help="Clamp on a request's max_tokens."),
+    max_queue: int = typer.Option(DEFAULT.max_queue, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
+    timeout: float = typer.Option(DEFAULT.timeout, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
+    max_body: int = typer.Option(DEFAULT.max_body, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
     deterministic: o.Deterministic = False,
     kv_unified: o.KvUnified = False,
     ctx: o.Ctx = None,
@@ -80,14 +82,13 @@ def serve(
             raise typer.BadParameter("give a size such as 8GB or 512MiB", param_hint="--memory-budget")
     per_model = _model_options(model_option or [])
     sock = _listen(host, port)  # before loading: a taken port fails fast
-    base = {"parallel": parallel, "ctx": ctx, "threads": threads, "gpu_layers": o.parse_gpu_layers(gpu_layers),
-            "flash_attn": o.parse_flash_attn(flash_attn), "draft": draft, "deterministic": deterministic,
-            "kv_unified": kv_unified, "max_queue": max_queue, "max_tokens": max_tokens, "timeout": timeout,
-            "max_body": max_body, "no_cache": no_cache, "seed": seed, "default_max_tokens": default_max_tokens,
-            "tool_format": forced_format}
     with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
-        base["history"] = history
+        base = RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
+                            flash_attn=o.parse_flash_attn(flash_attn), draft=draft, deterministic=deterministic,
+                            kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
+                            max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
+                            tool_format=forced_format, history=history)
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
@@ -145,7 +146,7 @@ def _model_options(values: list[str]) -> dict[str, dict]:
     return out
 
 
-def _start_pool(models: list[str], base: dict, per_model: dict, private: str, max_models: int, budget, keep,
+def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private: str, max_models: int, budget, keep,
                 offline: bool, aliases: tuple[str, ...]):
     """The runner pool and the registry, with the models named at start found (pulled first
     if they are known but not stored, as `tallow run` does); `_preload` loads them."""
@@ -170,15 +171,15 @@ def _start_pool(models: list[str], base: dict, per_model: dict, private: str, ma
     for m in per_model:
         registry.find(m)  # a bad name fails at start, not at the first request
 
-    def config_for(name: str) -> dict:
-        conf = dict(base)
+    def config_for(name: str) -> RunnerConfig:
+        conf = base
         for key, opts in per_model.items():
             if registry.find(key).name == name:
-                conf.update(opts)
+                conf = conf.with_options(opts)
         return conf
 
     def args_for(name: str) -> list[str]:
-        return ["--config", json.dumps(config_for(name))]
+        return ["--config", config_for(name).to_json()]
 
     def runner_model(name: str) -> str:
         local = registry.find(name)
@@ -198,7 +199,7 @@ def _preload(pool, names: list[str]) -> None:
         pool.release(runner)
 
 
-def _need(paths, conf: dict):
+def _need(paths, conf: RunnerConfig):
     """The fit check's estimate of a load, without loading it."""
     from dataclasses import replace
 
@@ -206,9 +207,8 @@ def _need(paths, conf: dict):
     from tallow.runtime.loadplan import plan_memory
     from tallow.serve.front.pool import Need
 
-    load = o.load_settings(conf.get("ctx"), conf.get("threads"), conf.get("gpu_layers", "auto"),
-                           conf.get("flash_attn", "auto"))
-    load = replace(load, n_seq_max=conf.get("parallel", 4))
+    load = o.load_settings(conf.ctx, conf.threads, conf.gpu_layers, conf.flash_attn)
+    load = replace(load, n_seq_max=conf.parallel)
     vram = gpu_free_memory()
     plan = plan_memory(paths, load, offload_supported=vram is not None, vram=vram)
     return Need(plan.estimate.ram, plan.estimate.vram, plan.problem.message if plan.problem else None)
