@@ -88,14 +88,25 @@ def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, di
     (`remote`: the parsed endpoints), or the stored model loaded with `load` (None: the
     defaults of LoadSettings)."""
     if remote:
-        from tallow.cli.options import remote_engine
-
         return model, remote_engine(remote[0], model, format_, schema, allow_logprobs)
     if load is None:
         from tallow.runtime.types import LoadSettings
 
         load = LoadSettings()
     return open_model(model, load, offline=offline, disk_cache=disk_cache)
+
+
+def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False):
+    """The server in the place of the local engine (client/remote_engine.py), with --format /
+    --json-schema sent as OpenAI's response_format (the answer is still checked here)."""
+    from tallow.client.remote_engine import RemoteEngine
+
+    fmt = None
+    if schema is not None:
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    elif format_ == "json":
+        fmt = {"type": "json_object"}
+    return RemoteEngine(endpoint, model, fmt, allow_logprobs)
 
 
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):

@@ -75,19 +75,6 @@ def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool
     return [Endpoint.parse(u, key, offline or settings.offline()) for u in urls]
 
 
-def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False):
-    """The server in the place of the local engine (client/remote_engine.py), with --format /
-    --json-schema sent as OpenAI's response_format (the answer is still checked here)."""
-    from tallow.client.remote_engine import RemoteEngine
-
-    fmt = None
-    if schema is not None:
-        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
-    elif format_ == "json":
-        fmt = {"type": "json_object"}
-    return RemoteEngine(endpoint, model, fmt, allow_logprobs)
-
-
 def refuse_local(given: dict[str, bool]) -> None:
     """With --endpoint, a flag of the local engine would be silently ignored: refuse it by name."""
     for flag, used in given.items():
@@ -149,7 +136,7 @@ def parse_flash_attn(value: str) -> str:
 
 def parse_tool_format(value: str) -> str | None:
     """None for auto (the chat template decides), else the format family named."""
-    from tallow.runtime.tools import FORMATS
+    from tallow.runtime.tools.formats import FORMATS
 
     if value == "auto":
         return None

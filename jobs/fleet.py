@@ -184,132 +184,154 @@ class Fleet:
     def run(self, source: Iterable[tuple[int, str]], out: TextIO, previous: Previous, stats: FleetStats,
             on_progress: Callable[[FleetStats], None] = lambda s: None) -> FleetStats:
         """Answer every request of `source` not already in the output; records as they finish."""
-        s = self.settings
         stats.members = self.members
-        results: queue.Queue = queue.Queue()
-        waiting: deque[Job] = deque()
-        retry: list[Job] = []
-        inflight: dict[int, tuple[Job, Member]] = {}
-        seen: set[str] = set()
-        lines = iter(source)
-        exhausted = False
-        window = max(4, 2 * s.concurrency * len(self.members))
-        records = Records(out, stats, on_progress)
-        write, error = records.write, records.error
+        FleetRun(self, source, Records(out, stats, on_progress), previous, stats, on_progress).loop()
+        return stats
 
-        def call(job: Job, member: Member):
-            c = Call(member.endpoint, job.path, job.body, s.timeout_s)
-            try:
-                final = None
-                for event in c.events():
-                    final = event
-                results.put((job.lineno, final, c.reply))
-            except RemoteError as exc:
-                results.put((job.lineno, exc, None))
-            except Exception as exc:  # noqa: BLE001 - any other fault of one call must not stop the batch
-                results.put((job.lineno, RemoteError(f"{type(exc).__name__}: {exc}", retryable=True), None))
 
-        def take_line() -> None:
-            nonlocal exhausted
-            try:
-                lineno, text = next(lines)
-            except StopIteration:
-                exhausted = True
-                return
-            if not text.strip():
-                return
-            rid = None
-            try:
-                job = parse_line(lineno, text, self.model, s.max_tokens, s.affinity_chars)
-                rid, key = job.rid, record_key(job.rid)
-                if key in seen:
-                    raise APIError(f"the id {key} appears twice in the input")
-                seen.add(key)
-            except TallowError as exc:
-                if lineno in previous.failed_lines:
-                    stats.failed_before += 1
-                    on_progress(stats)
-                else:
-                    error(lineno, rid, f"line {lineno}: {exc.message}")
-                return
-            if key in previous.ids or key in previous.failed_ids:
-                stats.skipped += key in previous.ids
-                stats.failed_before += key not in previous.ids
-                on_progress(stats)
-                return
-            waiting.append(job)
+class FleetRun:
+    """One run of a fleet over one input: the lines not read yet, the jobs waiting, retrying
+    and in flight, and the calls' results, which only this (the writer's) thread takes."""
 
-        def finish(lineno: int, outcome, reply) -> None:
-            job, member = inflight.pop(lineno)
-            member.inflight -= 1
-            now = self.clock()
-            if isinstance(outcome, RemoteError):
-                if not outcome.retryable:
-                    error(job.lineno, job.rid, f"line {job.lineno}: {outcome.message}")
-                    return
-                self.failed(member, now)
-                job.attempts += 1
-                job.last_error = outcome.message
-                if job.attempts > s.retries:
-                    error(job.lineno, job.rid, f"line {job.lineno}: gave up after {job.attempts} attempts: "
-                                               f"{outcome.message}")
-                    return
-                member.retried += 1
-                wait = outcome.retry_after if outcome.retry_after is not None else \
-                    min(30.0, s.backoff_s * 2 ** (job.attempts - 1))
-                job.not_before = now + wait
-                retry.append(job)
-                return
-            self.succeeded(member)
-            record = {"id": job.rid, "text": outcome.text, **outcome.to_dict()}
-            if reply.tool_calls:
-                record["tool_calls"] = reply.tool_calls
-            if reply.logprobs:
-                record["logprobs"] = {"content": reply.logprobs}
-            if job.attempts:
-                record["attempts"] = job.attempts + 1
-            write(record)
-            member.done += 1
-            u = outcome.usage
-            if u.cached_tokens is not None and u.prompt_tokens is not None:
-                member.reported += 1
-                member.prompt_tokens += u.prompt_tokens
-                member.cached_tokens += u.cached_tokens
-            stats.done += 1
-            stats.completion_tokens += u.completion_tokens
-            on_progress(stats)
+    def __init__(self, fleet: Fleet, source: Iterable[tuple[int, str]], records: Records, previous: Previous,
+                 stats: FleetStats, on_progress: Callable[[FleetStats], None]) -> None:
+        self.fleet, self.settings, self.records, self.previous = fleet, fleet.settings, records, previous
+        self.stats, self.on_progress = stats, on_progress
+        self.results: queue.Queue = queue.Queue()
+        self.waiting: deque[Job] = deque()
+        self.retry: list[Job] = []
+        self.inflight: dict[int, tuple[Job, Member]] = {}
+        self.seen: set[str] = set()
+        self.lines = iter(source)
+        self.exhausted = False
+        self.window = max(4, 2 * self.settings.concurrency * len(fleet.members))
 
+    def loop(self) -> None:
         while True:
-            while not exhausted and len(waiting) + len(retry) < window:
-                take_line()
-            now = self.clock()
-            for job in [j for j in retry if j.not_before <= now]:
-                retry.remove(job)
-                waiting.appendleft(job)
-            wanted = {id(m) for m in (self.pinned(j.key, now) for j in waiting if j.key) if m is not None}
-            for job in list(waiting):
-                member = self.choose(job, now, wanted)
-                if member is None:
-                    continue
-                waiting.remove(job)
-                member.inflight += 1
-                inflight[job.lineno] = (job, member)
-                # A daemon thread per call: an interrupted batch exits at once, without waiting
-                # for the calls in flight (their answers are not written).
-                threading.Thread(target=call, args=(job, member), name="tallow-fleet", daemon=True).start()
-            if exhausted and not waiting and not retry and not inflight:
-                break
-            due = [j.not_before for j in retry] + [m.down_until for m in self.members if m.down_until > now]
-            timeout = max(0.01, min([0.5] + [d - now for d in due]))
+            while not self.exhausted and len(self.waiting) + len(self.retry) < self.window:
+                self.take_line()
+            now = self.fleet.clock()
+            self.dispatch(now)
+            if self.exhausted and not self.waiting and not self.retry and not self.inflight:
+                return
+            due = [j.not_before for j in self.retry] + [m.down_until for m in self.fleet.members if m.down_until > now]
             try:
-                lineno, outcome, reply = results.get(timeout=timeout)
+                self.finish(*self.results.get(timeout=max(0.01, min([0.5] + [d - now for d in due]))))
             except queue.Empty:
                 continue
-            finish(lineno, outcome, reply)
             while True:  # everything else that finished meanwhile
                 try:
-                    lineno, outcome, reply = results.get_nowait()
+                    self.finish(*self.results.get_nowait())
                 except queue.Empty:
                     break
-                finish(lineno, outcome, reply)
-        return stats
+
+    def dispatch(self, now: float) -> None:
+        """Retries that are due go first; then each waiting job to the member it may go to now."""
+        for job in [j for j in self.retry if j.not_before <= now]:
+            self.retry.remove(job)
+            self.waiting.appendleft(job)
+        fleet = self.fleet
+        wanted = {id(m) for m in (fleet.pinned(j.key, now) for j in self.waiting if j.key) if m is not None}
+        for job in list(self.waiting):
+            member = fleet.choose(job, now, wanted)
+            if member is None:
+                continue
+            self.waiting.remove(job)
+            member.inflight += 1
+            self.inflight[job.lineno] = (job, member)
+            # A daemon thread per call: an interrupted batch exits at once, without waiting
+            # for the calls in flight (their answers are not written).
+            threading.Thread(target=self.call, args=(job, member), name="tallow-fleet", daemon=True).start()
+
+    def call(self, job: Job, member: Member) -> None:
+        """One request to one member, on a thread of its own; the outcome goes to `results`."""
+        c = Call(member.endpoint, job.path, job.body, self.settings.timeout_s)
+        try:
+            final = None
+            for event in c.events():
+                final = event
+            self.results.put((job.lineno, final, c.reply))
+        except RemoteError as exc:
+            self.results.put((job.lineno, exc, None))
+        except Exception as exc:  # noqa: BLE001 - any other fault of one call must not stop the batch
+            self.results.put((job.lineno, RemoteError(f"{type(exc).__name__}: {exc}", retryable=True), None))
+
+    def take_line(self) -> None:
+        """The next input line: a job waiting, an error record, or a request answered before."""
+        try:
+            lineno, text = next(self.lines)
+        except StopIteration:
+            self.exhausted = True
+            return
+        if not text.strip():
+            return
+        s, stats, previous = self.settings, self.stats, self.previous
+        rid = None
+        try:
+            job = parse_line(lineno, text, self.fleet.model, s.max_tokens, s.affinity_chars)
+            rid, key = job.rid, record_key(job.rid)
+            if key in self.seen:
+                raise APIError(f"the id {key} appears twice in the input")
+            self.seen.add(key)
+        except TallowError as exc:
+            if lineno in previous.failed_lines:
+                stats.failed_before += 1
+                self.on_progress(stats)
+            else:
+                self.records.error(lineno, rid, f"line {lineno}: {exc.message}")
+            return
+        if key in previous.ids or key in previous.failed_ids:
+            stats.skipped += key in previous.ids
+            stats.failed_before += key not in previous.ids
+            self.on_progress(stats)
+            return
+        self.waiting.append(job)
+
+    def finish(self, lineno: int, outcome, reply) -> None:
+        job, member = self.inflight.pop(lineno)
+        member.inflight -= 1
+        if isinstance(outcome, RemoteError):
+            self.failed(job, member, outcome)
+        else:
+            self.fleet.succeeded(member)
+            self.answered(job, member, outcome, reply)
+
+    def failed(self, job: Job, member: Member, outcome: RemoteError) -> None:
+        """A failed call: retried with backoff when it may succeed elsewhere or later, else the
+        request's error record."""
+        s, now = self.settings, self.fleet.clock()
+        if not outcome.retryable:
+            self.records.error(job.lineno, job.rid, f"line {job.lineno}: {outcome.message}")
+            return
+        self.fleet.failed(member, now)
+        job.attempts += 1
+        job.last_error = outcome.message
+        if job.attempts > s.retries:
+            self.records.error(job.lineno, job.rid, f"line {job.lineno}: gave up after {job.attempts} attempts: "
+                                                    f"{outcome.message}")
+            return
+        member.retried += 1
+        wait = outcome.retry_after if outcome.retry_after is not None else \
+            min(30.0, s.backoff_s * 2 ** (job.attempts - 1))
+        job.not_before = now + wait
+        self.retry.append(job)
+
+    def answered(self, job: Job, member: Member, outcome, reply) -> None:
+        """A whole answer: its record written, the member's and the run's counts updated."""
+        record = {"id": job.rid, "text": outcome.text, **outcome.to_dict()}
+        if reply.tool_calls:
+            record["tool_calls"] = reply.tool_calls
+        if reply.logprobs:
+            record["logprobs"] = {"content": reply.logprobs}
+        if job.attempts:
+            record["attempts"] = job.attempts + 1
+        self.records.write(record)
+        member.done += 1
+        u = outcome.usage
+        if u.cached_tokens is not None and u.prompt_tokens is not None:
+            member.reported += 1
+            member.prompt_tokens += u.prompt_tokens
+            member.cached_tokens += u.cached_tokens
+        self.stats.done += 1
+        self.stats.completion_tokens += u.completion_tokens
+        self.on_progress(self.stats)

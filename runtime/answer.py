@@ -1,7 +1,7 @@
 """An answer as every API shapes it: reasoning, content and tool calls, streamed or whole.
 
 The engine's events carry text; with tools offered, `Answer` reads calls out of it
-(runtime/toolparse.py) and gives each route the same deltas and the same end: content,
+(runtime/tools/stream.py) and gives each route the same deltas and the same end: content,
 calls with their ids, reasoning, why a call did not parse, and the finish reason.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from tallow.runtime.toolparse import CallStream, Delta, scan
-from tallow.runtime.tools import ToolChoice
+from tallow.runtime.tools.choice import ToolChoice
+from tallow.runtime.tools.stream import CallStream, Delta, scan
 from tallow.runtime.types import FinalEvent, TokenEvent
 
 

@@ -127,8 +127,8 @@ class Engine:
         return [token_logprob(ev, self.model.piece) for ev in tokens]
 
     def tool_format(self) -> str:
-        """The tool-call format family of the model's chat template (runtime/tools.py)."""
-        from tallow.runtime.tools import detect_format
+        """The tool-call format family of the model's chat template (runtime/tools/formats.py)."""
+        from tallow.runtime.tools.formats import detect_format
 
         template = self.chat_template()
         return detect_format(template.source if template else None)
@@ -138,13 +138,13 @@ class Engine:
         """A Request for a conversation, knowing the model's reasoning markers. Each of
         `cache_prefixes` (a shorter conversation: the system prompt alone, a document
         without the question) marks where a prefix worth keeping on disk ends. `tools`
-        (a runtime.tools.ToolChoice) are shown to the model and constrain its calls."""
+        (a runtime.tools.choice.ToolChoice) are shown to the model and constrain its calls."""
         template = None if raw else self.chat_template()
         markers = reasoning_markers(template.source) if template else None
         kw_messages = messages
         messages, template_tools, kw = self._with_tools(messages, tools, template, markers, kw)
         if template_tools is not None or messages is not kw_messages:  # prefixes render as the prompt does
-            from tallow.runtime.tools import prepare
+            from tallow.runtime.tools.choice import prepare
 
             cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
         tokens = self.prompt_for(messages, raw=raw, tools=template_tools)
@@ -161,7 +161,8 @@ class Engine:
     @staticmethod
     def _with_tools(messages, tools, template, markers, kw):
         """Messages and template tools for a tool choice, and its grammar in the request."""
-        from tallow.runtime.tools import constrain, prepare
+        from tallow.runtime.tools.choice import prepare
+        from tallow.runtime.tools.constrain import constrain
 
         if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             return messages, None, kw
@@ -274,7 +275,7 @@ class Engine:
                                                      s.frequency_penalty, s.presence_penalty, request.logit_bias))
 
         if request.lazy_grammar is not None:
-            from tallow.runtime.tools import TriggeredSampler
+            from tallow.runtime.tools.sampler import TriggeredSampler
 
             return TriggeredSampler(make, self.model.piece, request.lazy_grammar)
         return make(request.grammar)

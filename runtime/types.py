@@ -71,7 +71,7 @@ class Request:
     draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
-    lazy_grammar: Any = None  # runtime.tools.LazyGrammar: constrain a tool call once the answer opens one
+    lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
 
 

@@ -10,6 +10,8 @@ import pytest
 from helpers.server import Server
 from helpers.synth import HERMES, write_synthetic_gguf
 
+pytestmark = pytest.mark.slow  # three servers and the Agents SDK
+
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 

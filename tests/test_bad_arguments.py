@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from helpers.processes import run_tallow
 
+pytestmark = pytest.mark.slow  # a hundred failing commands, each a process
+
 USAGE, ERROR = 2, 1
 HUGE = "x" * 100_000
 UNREADABLE = "/proc/self/mem"  # reading it fails with EIO, even as root

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 from helpers.terminal import Terminal
+
+pytestmark = pytest.mark.slow  # the default model on a pty
 
 
 def test_chat_turns_commands_ctrl_c_and_on(default_home):

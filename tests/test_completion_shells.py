@@ -12,6 +12,8 @@ import pytest
 from helpers.processes import run_tallow
 from helpers.terminal import Terminal
 
+pytestmark = pytest.mark.slow  # real interactive zsh and fish
+
 ROOT = Path(__file__).resolve().parent.parent
 TALLOW = Path(sys.executable).parent / "tallow"  # the console script pip installed beside this python
 NAMES = ["mymodel:q4km", "mymodel:q8", "smollm2:135m-f16", "smollm2:135m-f16-Q8_0"]

@@ -18,6 +18,8 @@ from tallow.wire import anthropic_api, responses_api
 from tallow.wire.openai_api import parse_chat, parse_completion, to_request
 from tallow.wire.request import Limits
 
+pytestmark = pytest.mark.slow  # servers fuzzed by hypothesis
+
 openai = pytest.importorskip("openai")
 
 

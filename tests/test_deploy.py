@@ -16,6 +16,8 @@ import pytest
 from helpers.server import Server
 from helpers.standin import StandIn
 
+pytestmark = pytest.mark.slow  # nginx, HAProxy and a server behind them
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "deploy.md"
 
 

@@ -18,6 +18,8 @@ from helpers.bert_reference import hidden_states, load_weights, mean_embedding, 
 from helpers.processes import run_tallow as run_bytes
 from helpers.processes import tallow_env
 
+pytestmark = pytest.mark.slow  # the embedding model, converted, against a numpy reference
+
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 

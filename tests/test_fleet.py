@@ -17,6 +17,8 @@ from helpers.processes import run_tallow, tallow_env
 from helpers.server import Server
 from helpers.standin import StandIn
 
+pytestmark = pytest.mark.slow  # three replicas, one killed and restarted
+
 GROUPS = 3
 PER_GROUP = 100
 

@@ -18,6 +18,8 @@ from tallow.models.refs import HubRef, parse_ref
 from tallow.models.resolve import locate
 from tallow.models.store import Store, sha256_file
 
+pytestmark = pytest.mark.slow  # downloads from a stand-in hub
+
 REPO = "tallow-test/Synthetic-GGUF"
 FILE = "synthetic-Q8_0.gguf"
 

@@ -10,7 +10,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from helpers.processes import default_sigint, tallow_env
+
+pytestmark = pytest.mark.slow  # 50 interrupts at random moments
 
 PROMPT = " ".join(f"Item {i}: a line of text about the colour of the sky and the sea." for i in range(40))
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers.processes import run_tallow
+
+pytestmark = pytest.mark.slow  # load sweeps against a replica
 
 
 def test_concurrency_sweep_figures(replica, tmp_path):

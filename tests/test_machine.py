@@ -11,6 +11,8 @@ from helpers.processes import run_tallow
 
 from tallow.runtime.calibration.machine import Profile, Workload, has_amx
 
+pytestmark = pytest.mark.slow  # calibration probes in child processes
+
 
 def _env(tmp_path, **extra) -> dict:
     return {"TALLOW_MACHINE_CACHE": str(tmp_path / "machine.json"), **extra}

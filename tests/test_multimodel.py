@@ -13,6 +13,8 @@ from helpers.processes import run_tallow
 from helpers.server import Server
 from helpers.synth import write_synthetic_gguf
 
+pytestmark = pytest.mark.slow  # several runner processes, one crashed
+
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
 

@@ -15,6 +15,8 @@ from helpers.package_index import make_wheel, start_package_index
 from helpers.processes import new_user_env
 from helpers.terminal import Terminal, plain
 
+pytestmark = pytest.mark.slow  # a newcomer's first hour in bash
+
 ROOT = Path(__file__).resolve().parent.parent
 EMOJI = "Write the word coffee followed by the coffee emoji ☕ and a smiley 😀."
 

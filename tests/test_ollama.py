@@ -8,6 +8,8 @@ import pytest
 from helpers.server import Server
 from helpers.synth import write_synthetic_gguf
 
+pytestmark = pytest.mark.slow  # servers through the ollama client
+
 ollama = pytest.importorskip("ollama")
 
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"],

@@ -14,6 +14,8 @@ from tallow.models.store import Store
 from tallow.quantize.errors import QuantizeError
 from tallow.quantize.evaluate import score_window, shipped_text, text_tokens, windows
 
+pytestmark = pytest.mark.slow  # quantizing and evaluating models
+
 
 def dequantize_to_f16(src, dest):
     """The default model with every quantized tensor widened to F16, via the gguf package."""

@@ -19,6 +19,8 @@ from helpers.processes import new_user_env
 from helpers.readme_examples import Block, compare, parse
 from helpers.terminal import Terminal, plain
 
+pytestmark = pytest.mark.slow  # every console block of the README
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = parse((ROOT / "README.md").read_text(encoding="utf-8"))
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from helpers.processes import run_tallow
 from helpers.server import Server
 from helpers.standin import StandIn
+
+pytestmark = pytest.mark.slow  # replicas and stand-in servers
 
 
 def test_run_against_a_replica_has_client_stats(replica, tmp_path):

@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 from helpers.server import Server
 
+pytestmark = pytest.mark.slow  # draining and readiness of a real server
+
 openai = pytest.importorskip("openai")
 
 

@@ -19,6 +19,8 @@ import pytest
 from helpers.processes import default_sigint, run_tallow, tallow_env
 from helpers.server import Server
 
+pytestmark = pytest.mark.slow  # each feature on every route
+
 openai = pytest.importorskip("openai")
 
 SYSTEM = "You spell letters. " + "abc " * 80  # past the 256 tokens a disk entry needs by default

@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+pytestmark = pytest.mark.slow  # 32 concurrent streams and servers per test
+
 openai = pytest.importorskip("openai")
 
 from helpers.server import Server  # noqa: E402 - after the skip: the helper needs openai

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tallow.runtime.toolparse import CallStream, scan
+from tallow.runtime.tools.stream import CallStream, scan
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
 

@@ -11,8 +11,9 @@ from helpers.synth import HERMES, write_synthetic_gguf
 
 from tallow.runtime.engine import Engine
 from tallow.runtime.template import ChatTemplate
-from tallow.runtime.toolparse import scan
-from tallow.runtime.tools import FORMATS, Tool, ToolChoice, detect_format, prepare
+from tallow.runtime.tools.choice import Tool, ToolChoice, prepare
+from tallow.runtime.tools.formats import FORMATS, detect_format
+from tallow.runtime.tools.stream import scan
 from tallow.runtime.types import LoadSettings, Sampling
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -99,7 +100,7 @@ def test_required_and_named_calls_always_parse_and_validate(random_hermes, fmt, 
 
 @pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3"])
 def test_lazy_grammars_after_every_opening_are_accepted_by_llama_cpp(random_hermes, fmt):
-    from tallow.runtime.tools import constrain
+    from tallow.runtime.tools.constrain import constrain
 
     _, lazy = constrain(ToolChoice(TOOLS, "auto", format=fmt))
     opening = lazy.grammar.opening

@@ -14,7 +14,7 @@ from typing import Any
 
 from tallow.common.errors import TallowError
 from tallow.runtime.grammar import Schema
-from tallow.runtime.tools import Tool, ToolChoice
+from tallow.runtime.tools.choice import Tool, ToolChoice
 from tallow.runtime.types import Sampling
 
 

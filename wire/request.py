@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tallow.runtime.grammar import Schema
-from tallow.runtime.tools import ToolChoice
+from tallow.runtime.tools.choice import ToolChoice
 from tallow.runtime.types import Sampling
 from tallow.wire.fields import APIError
 

@@ -158,7 +158,7 @@ def _read_tools(path: Path, choice: str, fmt: str | None):
 
 
 def _tool_choice(engine, spec):
-    from tallow.runtime.tools import ToolChoice
+    from tallow.runtime.tools.choice import ToolChoice
 
     if spec is None:
         return None
