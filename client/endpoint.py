@@ -101,16 +101,6 @@ class Endpoint:
         resp.conn_to_close = conn  # type: ignore[attr-defined]  # closed with the response (see Call.close)
         return resp
 
-    def get_json(self, path: str, timeout: float = 30.0) -> Any:
-        resp = self.open(path, None, timeout, method="GET")
-        try:
-            return json.loads(resp.read())
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise RemoteError(f"{self.label}{self.base}{path}: not a JSON answer ({_reason(exc)})",
-                              retryable=True) from None
-        finally:
-            resp.conn_to_close.close()
-
 
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.timeout):

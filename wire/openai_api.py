@@ -54,6 +54,9 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     json_format, schema = _response_format(body.get("response_format"))
     if body.get("json_schema") is not None:  # llama.cpp's extension
         json_format, schema = True, schema_of(body["json_schema"], "json_schema")
+    if body.get("cache_prompt") not in (None, True):  # llama.cpp's: tallow always reuses a cached prefix
+        raise APIError("'cache_prompt' can only be true: tallow always reuses the cached prefix of a prompt",
+                       param="cache_prompt")
     draft = body.get("draft")
     if draft is not None and draft != "lookup":
         raise APIError("'draft' must be \"lookup\" (drafts from the prompt and the answer so far)", param="draft")
