@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from helpers.processes import run_tallow
 
 
@@ -76,6 +77,7 @@ def test_results_and_error_records_by_line(synth_model, tmp_path):
     assert {rec["id"] for rec in after if "error" not in rec} == {"chat", 2, "openai-style", "schema", "neg"}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_loss_or_duplicates(synth_model, tmp_path):
     rows = [{"id": f"r{i}", "prompt": f"prompt number {i}", "max_tokens": 400, "temperature": 0} for i in range(40)]
     src = write_jsonl(tmp_path / "in.jsonl", rows)

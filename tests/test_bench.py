@@ -40,6 +40,7 @@ def test_json_rows_carry_llama_bench_fields_and_agree(json_rows, synth_model):
             assert r["ttft_ms"] > 0 and r["ttft_ms"] * 1e6 <= max(r["samples_ns"]) * 1.01
 
 
+@pytest.mark.slow
 def test_other_formats_parse(synth_model, tmp_path):
     home = tmp_path / "home"
     jsonl = run_tallow(["bench", str(synth_model), *QUICK, "-o", "jsonl"], home=home).stdout.decode().splitlines()

@@ -24,6 +24,7 @@ def as_json(r: subprocess.CompletedProcess) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_streamed_text_equals_json_text(default_home):
     args = ["run", MODEL, "Name three colours.", "-n", "40", *GREEDY]
     plain = run_tallow(args, home=default_home)
@@ -51,6 +52,7 @@ def test_json_usage_and_timings_are_consistent(default_home, default_engine):
     assert t["decode_tps"] == pytest.approx(30 / t["decode_ms"] * 1000, rel=0.01)
 
 
+@pytest.mark.slow
 def test_same_seed_same_text_across_processes(default_home):
     greedy = ["run", MODEL, "Tell me a short story about a cat.", "-n", "48", "--json", *GREEDY]
     seeded = ["run", MODEL, "Tell me a short story about a cat.", "-n", "48", "--json", "--seed", "42", "--temperature", "0.9"]
@@ -85,6 +87,7 @@ def test_stop_string_is_not_printed(default_home):
     assert r.stdout.decode().rstrip("\n") == free[: free.index("5")].rstrip("\n")
 
 
+@pytest.mark.slow
 def test_unicode_heavy_output_detokenizes_exactly(default_engine):
     prompt = default_engine.prompt_for([{"role": "user", "content": "Écris une phrase en français avec des accents, puis en japonais: こんにちは 世界 🎉"}])
     tokens, texts, final = [], [], None
@@ -176,6 +179,7 @@ def test_ctrl_c_stops_prints_partial_answer_and_stats(default_home):
     assert "TTFT" in stats and "interrupted" in stats
 
 
+@pytest.mark.slow
 def test_lookup_draft_gives_the_same_answer_and_reports_acceptance(default_home):
     args = ["run", MODEL, "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps.",
             "-n", "40", *GREEDY, "--json", "--no-cache"]

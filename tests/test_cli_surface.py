@@ -94,6 +94,7 @@ def _screen(args: list[str], home, **env_extra) -> str:
     return term.buf.decode(errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [{"NO_COLOR": "1", "TERM": "xterm-256color"}, {"TERM": "dumb"}])
 def test_no_color_and_dumb_terminals_get_no_escape_codes(synth_model, tmp_path, env):
     assert run_tallow(["import", str(synth_model), "--name", "synthy:tiny"], home=tmp_path).returncode == 0
@@ -109,6 +110,7 @@ def test_no_color_and_dumb_terminals_get_no_escape_codes(synth_model, tmp_path, 
         assert "\x1b" not in screen, (args, screen[:200])
 
 
+@pytest.mark.slow
 def test_pipes_get_plain_text(synth_model, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_") and k != "NO_COLOR"}
     env.update(TALLOW_HOME=str(tmp_path), TERM="xterm-256color")

@@ -53,6 +53,7 @@ print(json.dumps({"rss": proc.memory_info().rss - before}))
 
 @pytest.mark.parametrize("which, ctx, fa", [("default", 1024, "auto"), ("default", 4096, "auto"),
                                             ("synth", 8192, "off")])
+@pytest.mark.slow
 def test_estimate_within_15_percent_of_resident_memory(which, ctx, fa, default_model, synth_model):
     path = default_model if which == "default" else synth_model
     out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(path), str(ctx), fa], capture_output=True,

@@ -134,6 +134,7 @@ PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_offline_no_command_opens_a_socket(synth_model, tmp_path):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALLOW_", "HF_"))}

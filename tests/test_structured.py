@@ -48,6 +48,7 @@ PROMPTS = ["Describe a person.", "Is the sky blue?", "Pick a colour.", "Tag this
            "Name someone.", "Give three scores.", "Report the task.", "Where is Paris?", "True or false: water is wet."]
 
 
+@pytest.mark.slow
 def test_twenty_schemas_on_the_default_model_always_validate(default_engine):
     assert len(SCHEMAS) == len(PROMPTS) == 20
     for schema, prompt in zip(SCHEMAS, PROMPTS):
@@ -96,6 +97,7 @@ def test_generated_grammars_pass_the_check_and_exclude_control_characters():
             assert "\\x00-\\x1F" in grammar
 
 
+@pytest.mark.slow
 def test_cli_format_and_schema(default_home, tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(SCHEMAS[0]))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tallow.runtime.threads import INTERVAL_S, Governor, Registry, physical_cores
 
 
@@ -50,6 +52,7 @@ def _pace_for(gov, ctx, seconds: float) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_busy_cores_are_given_up_and_taken_back(synth_engine):
     cores = physical_cores()
     if cores < 2:

@@ -110,6 +110,7 @@ def test_lazy_grammars_after_every_opening_are_accepted_by_llama_cpp(random_herm
         sampler.close()
 
 
+@pytest.mark.slow
 @pytest.mark.default_model
 def test_the_default_model_under_required_always_calls_with_valid_arguments(default_engine):
     """SmolLM2's template knows no tools: the generic format, 50 seeds."""
