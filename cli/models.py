@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 from tallow.cli import settings
 
 if TYPE_CHECKING:
+    from tallow.client.remote_engine import RemoteEngine
     from tallow.models.store import Store
+    from tallow.runtime.engine import Engine
     from tallow.runtime.protocol import Generating
     from tallow.runtime.types import LoadSettings
 
@@ -96,7 +98,7 @@ def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, di
     return open_model(model, load, offline=offline, disk_cache=disk_cache)
 
 
-def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False):
+def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False) -> RemoteEngine:
     """The server in the place of the local engine (client/remote_engine.py), with --format /
     --json-schema sent as OpenAI's response_format (the answer is still checked here)."""
     from tallow.client.remote_engine import RemoteEngine
@@ -109,7 +111,7 @@ def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logpr
     return RemoteEngine(endpoint, model, fmt, allow_logprobs)
 
 
-def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True):
+def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True) -> tuple[str, Engine]:
     """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
     from tallow.runtime.engine import Engine
 

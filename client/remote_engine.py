@@ -35,7 +35,7 @@ class RemoteEngine:
     response_format: dict[str, Any] | None = None  # --format json / --json-schema, as OpenAI's field
     allow_logprobs: bool = False  # run --json prints the server's; chat has no token ids to show them with
     timeout: float = 600.0
-    n_ctx: None = None
+    n_ctx: int | None = None  # the server holds the context
     last: Reply = field(default_factory=Reply)
 
     def __enter__(self) -> RemoteEngine:
@@ -94,8 +94,8 @@ class RemoteEngine:
     def tool_format(self) -> str:
         return "generic"  # never used: tools are refused in `request`
 
-    def save_prompt(self, request: RemoteRequest) -> None:
-        return None  # the server keeps its own prompt cache
+    def save_prompt(self, request: RemoteRequest) -> int:
+        return 0  # the server keeps its own prompt cache
 
     def reset(self) -> None:
         return None
