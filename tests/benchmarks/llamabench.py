@@ -71,13 +71,13 @@ def setup(reps: int = 3):
     environment for tallow there, the llama-bench binary)."""
     import argparse
 
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--llama-bench", default=None)
     args = ap.parse_args()
-    home = test_home()
+    home = shared_home()
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
     return args, home, env, llama_bench(args.llama_bench)
 

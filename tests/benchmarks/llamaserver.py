@@ -91,7 +91,7 @@ def round_of(url: str) -> tuple[float, float]:
 
 
 def main() -> int:
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     from benchmarks.llamabench import llama_tool, tallow_env
 
@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--tallow-args", default="", help="more options for tallow serve (e.g. '--flash-attn on')")
     ap.add_argument("--llama-args", default="", help="more options for llama-server")
     args = ap.parse_args()
-    home = test_home()
+    home = shared_home()
     model = Path(args.model) if args.model else next((home / "models" / "blobs").glob("*"))
     binary = llama_tool("llama-server")
     p1, p2 = free_port(), free_port()

@@ -29,13 +29,13 @@ THREADS = 2
 
 
 def default_model() -> Path:
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     from tallow.models.catalog import SMOLLM2_135M
     from tallow.models.resolve import locate
     from tallow.models.store import Store
 
-    found = locate(SMOLLM2_135M.name, Store(test_home() / "models"))
+    found = locate(SMOLLM2_135M.name, Store(shared_home() / "models"))
     if not hasattr(found, "path"):
         sys.exit("run the tests once first (they fetch the default model), or pass --model PATH")
     return found.path

@@ -41,7 +41,7 @@ def tallow_eval(env: dict, model: Path, text: Path, ctx: int, chunks: int) -> tu
 
 
 def main() -> int:
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
     from helpers.synth import write_synthetic_gguf
 
     from benchmarks.llamabench import llama_tool, tallow_env
@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--model", action="append", default=[], type=Path, help="another GGUF file to compare on")
     args = ap.parse_args()
     binary = llama_tool("llama-perplexity")
-    home = test_home()
+    home = shared_home()
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
     default = next((home / "models" / "blobs").glob("*"), None)
     failed = False

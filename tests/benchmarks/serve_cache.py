@@ -79,16 +79,16 @@ def fresh_server(model: Path, env: dict) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> int:
-    from helpers.processes import test_home
+    from helpers.processes import shared_home
 
     from benchmarks.llamabench import tallow_env
 
-    test_home = test_home()
-    model = next((test_home / "models" / "blobs").glob("*"))
+    home_dir = shared_home()
+    model = next((home_dir / "models" / "blobs").glob("*"))
     system = system_prompt(model)
     results = {}
     with tempfile.TemporaryDirectory() as home:  # an empty prompt cache
-        env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(test_home / "machine.json"))
+        env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(home_dir / "machine.json"))
         for phase in ("cold", "warm"):
             proc, url = fresh_server(model, env)
             try:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-def test_home() -> Path:
+def shared_home() -> Path:
     """One TALLOW_HOME for every test run on this machine: the default model is fetched once."""
     return Path(os.environ.get("TALLOW_TEST_HOME") or Path.home() / ".cache" / "tallow-tests" / "home")
 
@@ -25,7 +25,7 @@ def tallow_env(home: Path, env: dict | None = None) -> dict:
     """The environment a test runs tallow in: no TALLOW_* of the caller's, this home, no colour."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
     # One machine profile for the whole run: calibration is once per machine, not per test home.
-    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(test_home() / "machine.json")})
+    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(shared_home() / "machine.json")})
     full_env.update(env or {})
     return full_env
 
@@ -39,7 +39,7 @@ def new_user_env(home: Path, index_url: str) -> dict:
     env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", TERM="dumb",
                NO_COLOR="1", PIP_INDEX_URL=index_url, PIP_CONFIG_FILE=os.devnull,
                # calibrated once per test run, not once per home (machine_profile above)
-               TALLOW_MACHINE_CACHE=str(test_home() / "machine.json"))
+               TALLOW_MACHINE_CACHE=str(shared_home() / "machine.json"))
     return env
 
 
