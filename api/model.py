@@ -16,14 +16,10 @@ def load(name: str, *, ctx: int | None = None, threads: int | None = None, gpu_l
     """A stored model (a name `tallow list` shows, or a path to a .gguf file), loaded with
     the CLI's settings and this machine's calibration; `prompt_cache` attaches the prompt
     cache on disk, as `tallow run` does unless --no-cache."""
-    from tallow.cli import settings
-    from tallow.cli.machine import machine_profile
-    from tallow.cli.models import prompt_cache as disk_cache
-    from tallow.cli.models import store
+    from tallow.cli.machine import load_settings
+    from tallow.cli.models import attach_cache, store
     from tallow.models.resolve import LocalModel, locate
-    from tallow.models.store import file_digest
     from tallow.runtime.engine import Engine
-    from tallow.runtime.types import LoadSettings
 
     if gpu_layers not in ("auto", "all") and not str(gpu_layers).isdigit():
         raise ValueError(f"gpu_layers must be auto, all or a number of layers, not {gpu_layers!r}")
@@ -32,12 +28,9 @@ def load(name: str, *, ctx: int | None = None, threads: int | None = None, gpu_l
     found = locate(name, store())
     if not isinstance(found, LocalModel):
         raise TallowError(f"the model '{name}' is not stored", f"pull it first: tallow pull {name}")
-    load_settings = LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads,
-                                 gpu_layers=gpu_layers, flash_attn=flash_attn, machine=machine_profile(threads),
-                                 registry=settings.engines_dir())
-    engine = Engine(found.paths, load_settings)
+    engine = Engine(found.paths, load_settings(ctx, threads, str(gpu_layers), flash_attn))
     if prompt_cache:
-        engine.use_prompt_cache(disk_cache(), found.sha256 or file_digest(found.path, settings.digest_index()))
+        attach_cache(engine, found)
     return Model(found.name, engine)
 
 

@@ -27,3 +27,13 @@ def machine_profile(threads: int | None, refresh: bool = False):
         sys.stderr.flush()
 
     return profile(settings.machine_cache(), probe_options(threads), notice, refresh=refresh)
+
+
+def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
+    """LoadSettings from checked values and the CLI's settings: the context cap, debug logs,
+    this machine's profile and the engines' registry (the commands and tallow.api load alike)."""
+    from tallow.runtime.types import LoadSettings
+
+    return LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads, gpu_layers=gpu_layers,
+                        flash_attn=flash_attn, echo_logs=settings.debug(), machine=machine_profile(threads),
+                        registry=settings.engines_dir())

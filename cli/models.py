@@ -78,7 +78,8 @@ def _say_fit(engine) -> None:
         err_console().print(f"note: {note}", soft_wrap=True, markup=False)
 
 
-def _attach_cache(engine, local) -> None:
+def attach_cache(engine, local) -> None:
+    """The prompt cache on disk, keyed by the model file's digest."""
     from tallow.models.store import file_digest
 
     engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
@@ -119,7 +120,7 @@ def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = 
     engine = Engine(local.paths, load)
     _say_fit(engine)
     if disk_cache:
-        _attach_cache(engine, local)
+        attach_cache(engine, local)
     return local.name, engine
 
 
@@ -134,7 +135,7 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
     scheduler.engine.digest = local.sha256
     _say_fit(scheduler.engine)
     if disk_cache:
-        _attach_cache(scheduler.engine, local)
+        attach_cache(scheduler.engine, local)
     return local.name, scheduler
 
 

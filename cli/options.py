@@ -84,14 +84,9 @@ def refuse_local(given: dict[str, bool]) -> None:
 
 
 def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
-    from tallow.cli import settings
-    from tallow.cli.machine import machine_profile
-    from tallow.runtime.types import LoadSettings
+    from tallow.cli.machine import load_settings as checked_load
 
-    fa = parse_flash_attn(flash_attn)
-    return LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads,
-                        gpu_layers=parse_gpu_layers(gpu_layers), flash_attn=fa, echo_logs=settings.debug(),
-                        machine=machine_profile(threads), registry=settings.engines_dir())
+    return checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
 
 
 def one_shot(load, text: str, max_tokens: int | None, draft: bool):
