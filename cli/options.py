@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -42,6 +44,8 @@ RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", callback=finit
 Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, help="Random seed; the same seed and prompt give the same answer [default: random].", show_default=False)]
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
+Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
+Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="The model's projector (an mmproj GGUF), for --image.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far (same answer, faster when the answer repeats its input).", show_default=False)]
@@ -87,6 +91,29 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
     from tallow.cli.machine import load_settings as checked_load
 
     return checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
+
+
+def read_images(paths: list[str] | None, mmproj: Path | None, model: str) -> list:
+    """The --image files, decoded and checked before any model is loaded."""
+    from tallow.runtime.media import MediaError, decode_image
+
+    if not paths:
+        return []
+    if mmproj is None:
+        raise MediaError(f"{model} has no projector: it cannot take images", "give its projector with --mmproj PATH")
+    if not mmproj.is_file():
+        raise MediaError(f"no projector file {mmproj}")
+    out = []
+    for p in paths:
+        if p == "-":
+            out.append(decode_image(sys.stdin.buffer.read(), "the image on stdin"))
+            continue
+        try:
+            raw = Path(p).read_bytes()
+        except OSError as exc:
+            raise MediaError(f"cannot read the image {p}: {exc.strerror or exc}") from None
+        out.append(decode_image(raw, f"the image {p}"))
+    return out
 
 
 def one_shot(load, text: str, max_tokens: int | None, draft: bool):

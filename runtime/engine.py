@@ -25,6 +25,7 @@ from tallow.runtime.loadplan import (
     read_shape,
 )
 from tallow.runtime.logprobs import token_logprob
+from tallow.runtime.multimodal import cuts, text_only
 from tallow.runtime.protocol import Events
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
@@ -88,12 +89,30 @@ class Engine:
         self.notes = [self.fit_note] if self.fit_note else []
         self.notes += context_notes(settings.n_ctx, self.n_ctx, settings.n_seq_max, self.model.n_ctx_train,
                                     self.model.meta)
+        try:
+            self.projector = self._projector(settings.mmproj, n_threads)
+        except BaseException:
+            self.close()
+            raise
         self.sequence = Sequence(self.ctx, _SEQ)  # a scheduler makes its own, one per slot
         self._template = None
         self._settings = settings
         self.disk: DiskPrefixes | None = None  # the disk prompt cache, once attached
         self.digest: str | None = None  # the model file's sha256, when the store knows it
         self.load_ms = (time.perf_counter() - started) * 1000
+
+    def _projector(self, path: Path | None, n_threads: int):
+        if path is None:
+            return None
+        from tallow.runtime.backend.media import Projector
+        from tallow.runtime.media import MARKER, MediaError
+
+        projector = Projector(self.model, path, n_threads, MARKER)
+        if projector.mrope or not projector.vision:
+            projector.close()
+            why = "M-RoPE projectors (the Qwen2-VL family)" if projector.mrope else "audio-only projectors"
+            raise MediaError(f"{path.name}: {why} are not supported yet")
+        return projector
 
     # -- prompts ---------------------------------------------------------------------------
     def chat_template(self):
@@ -110,15 +129,39 @@ class Engine:
     def prompt_for(self, messages: list[dict[str, Any]], raw: bool = False, tools: list | None = None) -> list[int]:
         """Tokens for a conversation: through the model's chat template, or plain text when raw
         (or when the model has none). `tools` go to the template as Hugging Face passes them."""
+        return self._prompt(messages, raw, tools)[0]
+
+    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None):
+        """The prompt's tokens and its media spans (runtime/multimodal.py). A message's images
+        are in its "media" list, each at a media marker in its content."""
         template = None if raw else self.chat_template()
+        media = [m for msg in messages for m in msg.get("media") or ()]
         if template is None:
             text = "\n\n".join(m["content"] for m in messages)
-            return self.model.tokenize(text, add_special=True, parse_special=False)
-        text = template.render(messages, add_generation_prompt=True, tools=tools)
+            if not media:
+                return self.model.tokenize(text, add_special=True, parse_special=False), ()
+            add_bos = self.model.add_bos
+        else:
+            text = template.render(messages, add_generation_prompt=True, tools=tools)
+            add_bos = self.model.add_bos
+        if media:
+            return self._media_prompt(text, media, add_bos)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
-        if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
+        if add_bos and (not tokens or tokens[0] != self.model.bos):
             tokens.insert(0, self.model.bos)
-        return tokens
+        return tokens, ()
+
+    def _media_prompt(self, text: str, media: list, add_bos: bool):
+        from tallow.runtime.media import MediaError
+        from tallow.runtime.multimodal import assemble
+
+        if self.projector is None:
+            raise MediaError(f"{self.path.name} has no projector: it cannot take images",
+                             "give a projector with --mmproj, or use a vision model")
+        pieces = self.projector.tokenize(text, media)
+        first = pieces[0] if pieces and isinstance(pieces[0], list) else []
+        bos = self.model.bos if add_bos and not (first and first[0] == self.model.bos) else None
+        return assemble(pieces, bos)
 
     served_at = None  # this machine answers (runtime/protocol.py)
 
@@ -147,7 +190,7 @@ class Engine:
             from tallow.runtime.tools.choice import prepare
 
             cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
-        tokens = self.prompt_for(messages, raw=raw, tools=template_tools)
+        tokens, spans = self._prompt(messages, raw, template_tools)
         inside = False
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
@@ -156,7 +199,8 @@ class Engine:
         for prefix in cache_prefixes:
             rendered = self._render_prefix(prefix, raw, template_tools)
             points.append(common_prefix(rendered, tokens))
-        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points), **kw)
+        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points),
+                       media=spans, **kw)
 
     @staticmethod
     def _with_tools(messages, tools, template, markers, kw):
@@ -194,7 +238,16 @@ class Engine:
             "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": s.type_k, "type_v": s.type_v,
             "flash_attn": self.flash_attn, "rope": "model", "n_seq_max": s.n_seq_max, "llama_cpp": self._backend_version(),
             "extra_buffers": self.extra_buffers,
+            **({"mmproj": self._projector_identity()} if self._settings.mmproj is not None else {}),
         }))
+
+    def _projector_identity(self) -> str:
+        """What names the projector that encoded a saved state's media cells (a store blob's
+        name is its digest; another file's name, size and modification time stand in)."""
+        path = self._settings.mmproj
+        assert path is not None  # asked only when there is one
+        st = path.stat()
+        return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
     @staticmethod
     def _backend_version() -> str:
@@ -247,18 +300,32 @@ class Engine:
         # between batch sizes, and at temperature 0 that could change the answer.
         split = disk is not None and disk.saves_prompt(run.request)
         body = todo[: len(todo) - split] if todo else todo
-        ends = sorted({*range(self.n_batch, len(body), self.n_batch), *(p - cached for p in points), len(body)})
-        chunks = [body[a:b] for a, b in zip([0, *ends], ends) if b > a]
+        spans = {s.start: s for s in run.request.media}
+        ends = cuts({*range(cached + self.n_batch, cached + len(body), self.n_batch), *points, cached + len(body)},
+                    run.request.media, cached, cached + len(body))
+        chunks = [prompt[a:b] for a, b in zip([cached, *ends], ends) if b > a]
         if split and todo:
             chunks.append(todo[-1:])
         # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory; a
         # chunk also ends at each cache point not on disk yet, which is saved right there.
+        # A media chunk is evaluated through the projector, as one chunk of its own.
         for n, chunk in enumerate(chunks):
-            self.ctx.decode(chunk, len(seq.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
+            span = spans.get(len(seq.kv))
+            if span is not None:
+                self._evaluate_media(run, span)
+            else:
+                self.ctx.decode(chunk, len(seq.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
             seq.kv.extend(chunk)
             while points and len(seq.kv) >= points[0]:
                 assert disk is not None  # cache points come from the disk cache
                 disk.save_point(seq, run.request, points.pop(0))
+
+    def _evaluate_media(self, run: OutputStream, span) -> None:
+        assert self.projector is not None  # a prompt has spans only through the projector
+        started = time.perf_counter()
+        embd = self.projector.encode(span.chunk, self.model.n_embd)
+        run.timings.media_ms += (time.perf_counter() - started) * 1000
+        self.projector.decode(self.ctx, span.chunk, embd, len(self.sequence.kv), _SEQ)
 
     def sampler_for(self, request: Request):
         """A C sampler chain for the request's settings (the caller closes it); with a lazy
@@ -294,7 +361,7 @@ class Engine:
         sampled token and a guess of what follows, and takes every confirmed guess."""
         ctx, seq = self.ctx, self.sequence
         kv = seq.kv
-        drafter = LookupDrafter(run.request.prompt_tokens) if run.request.draft == "lookup" else None
+        drafter = LookupDrafter(text_only(run.request.prompt_tokens)) if run.request.draft == "lookup" else None
         sample = sampler.sample
         sampled = [(-1, sample(ctx, -1))]  # (logit row, token); all but the last are in the KV cache
         guesses = 0  # how many of them are confirmed draft tokens
@@ -354,6 +421,9 @@ class Engine:
         self.governor.pace(self.ctx)
 
     def close(self) -> None:
+        if getattr(self, "projector", None) is not None:
+            self.projector.close()
+            self.projector = None
         self.governor.close()
         self.ctx.close()
         self.model.close()

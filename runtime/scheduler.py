@@ -171,6 +171,10 @@ class Scheduler:
     def submit(self, request: Request, on_event: Callable[[Event], None] | None = None) -> Handle:
         """Queue a request. Raises ContextOverflow when it can never fit, QueueFull when too
         many wait. `on_event` is called on the engine thread; without it, read handle.events()."""
+        if request.media:  # the scheduler evaluates text only, for now (docs/DESIGN.md, "Media")
+            from tallow.runtime.media import MediaError
+
+            raise MediaError("images are taken by run and chat only, not yet by serve or batch")
         prompt = request.prompt_tokens
         if not prompt:
             raise ContextOverflow("the prompt is empty")

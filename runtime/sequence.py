@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tallow.runtime.logprobs import with_logprobs
+from tallow.runtime.multimodal import snap, text_only
 from tallow.runtime.speculative import LookupDrafter, verify
 from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
 from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
@@ -249,23 +250,23 @@ class OutputStream:
 def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, sampler) -> tuple[int, list[int]]:
     """What every driver does before a request's prefill, written once: reuse the prefix the
     sequence holds, load a longer one from disk when there is one, prime the sampler's
-    repetition window with the prompt, and count it all in the request's usage. (Media
-    chunks of a multimodal prompt will be evaluated here.) Returns the prompt tokens the
+    repetition window with the prompt, and count it all in the request's usage. Returns the prompt tokens the
     sequence holds now and the cache points the prefill should save as it reaches them
     (DiskPrefixes.points)."""
     request = run.request
     prompt = request.prompt_tokens
-    cached = seq.reusable(prompt)
+    cached = snap(seq.reusable(prompt), request.media)
     run.usage.cache_source = "memory" if cached else None
     from_disk = disk is not None and disk.applies(request)
     if disk is not None and from_disk:
-        cached = disk.load_longest(seq, prompt, cached, run.usage)
+        cached = snap(disk.load_longest(seq, prompt, cached, run.usage), request.media)
     seq.keep(cached)
+    run.usage.media_tokens = sum(span.n for span in request.media)
     run.usage.cached_tokens = cached
     run.timings.prefill_tokens = len(prompt) - cached
     s = request.sampling
     if s.penalized:
-        for t in prompt[-s.repeat_last_n:]:
+        for t in text_only(prompt)[-s.repeat_last_n:]:
             sampler.accept(t)
     return cached, (disk.points(request, cached) if disk is not None and from_disk else [])
 

@@ -34,6 +34,7 @@ class LoadSettings:
     adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
     embeddings: bool = False  # an embedding context (runtime/embedding/embed.py): pooled vectors, no sampling
     pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embedding/embed.py)
+    mmproj: Path | None = None  # a projector (mmproj GGUF) for images in prompts (runtime/media.py)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Request:
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
+    media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Usage:
     cache_source: str | None = None  # where cached_tokens came from: "memory" or "disk"
     draft_tokens: int = 0  # tokens proposed by speculative decoding
     accepted_tokens: int = 0  # ... of which the model confirmed
+    media_tokens: int = 0  # part of prompt_tokens that images stand for
 
     @property
     def acceptance(self) -> float | None:
@@ -113,6 +116,7 @@ class Timings:
     decode_ms: float = 0.0
     total_ms: float = 0.0
     itl_ms: list[float] = field(default_factory=list)  # every inter-token gap
+    media_ms: float = 0.0  # encoding images (part of prefill and TTFT)
 
     @property
     def prefill_tps(self) -> float:
@@ -139,6 +143,7 @@ class Timings:
             "itl_p50_ms": round(self.itl_percentile(50), 3),
             "itl_p95_ms": round(self.itl_percentile(95), 3),
             "total_ms": round(self.total_ms, 3),
+            **({"media_ms": round(self.media_ms, 3)} if self.media_ms else {}),
         }
 
 

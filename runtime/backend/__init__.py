@@ -1,4 +1,5 @@
-"""The one module that touches llama_cpp: thin, typed wrappers over the low-level bindings.
+"""The one package that touches llama_cpp: thin, typed wrappers over the low-level bindings
+(this module: models, contexts, samplers; media.py: libmtmd's projectors).
 
 Imported lazily (only when a model is loaded), so `tallow --help` never pays for it.
 Everything above works in Python ints, bytes and lists.
@@ -100,6 +101,15 @@ def quantize(source: Path, output: Path, ftype: int, *, threads: int = 0, allow_
 def system_info() -> str:
     """llama.cpp's own summary of the CPU features it was built with and uses."""
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def log_sink():
+    """The C log callback every llama.cpp library logs through (mtmd and clip too)."""
+    return _log_callback
+
+
+def clear_log_tail() -> None:
+    _log_tail.clear()
 
 
 def last_log_error() -> str:

@@ -1,0 +1,97 @@
+"""Media in a prompt: images decoded under limits, before anything reaches libmtmd.
+
+Image decoding is a security boundary. Pillow decodes (not libmtmd's bundled stb_image, which
+has no pixel limit and no EXIF handling); the pixel count is checked from the header before
+any pixel is decoded, the byte count before that. What reaches the projector is always
+8-bit RGB: EXIF orientation applied, CMYK, palette, grey, 16-bit and alpha converted (alpha
+composited on white), an animated image's first frame. A media item is named by a hash of
+what was decoded, so the same picture reuses its KV cells and disk cache entries whatever
+file or encoding it came in (docs/DESIGN.md, "Media").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+
+from tallow.runtime.errors import TallowError
+
+MARKER = "<__media__>"  # where a media item sits in rendered prompt text (libmtmd's marker)
+MAX_BYTES = 20 * 1024 * 1024
+MAX_PIXELS = 32_000_000
+
+
+class MediaError(TallowError):
+    """Media that cannot be used: unreadable, too large, or for a model without a projector."""
+
+
+@dataclass(frozen=True)
+class Media:
+    """Decoded media: RGB bytes (width x height x 3); `key` is a hash of them."""
+    kind: str
+    key: str
+    data: bytes
+    width: int
+    height: int
+
+
+def decode_image(raw: bytes, name: str = "the image", max_bytes: int = MAX_BYTES,
+                 max_pixels: int = MAX_PIXELS) -> Media:
+    """An image file's bytes as 8-bit RGB, or a MediaError saying in one line what is wrong."""
+    import warnings
+
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    if not raw:
+        raise MediaError(f"{name} is empty")
+    if len(raw) > max_bytes:
+        raise MediaError(f"{name} is {len(raw):,} bytes, more than the limit of {max_bytes:,}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(raw))
+            w, h = image.size
+            if w <= 0 or h <= 0:
+                raise MediaError(f"{name} has no pixels ({w}x{h})")
+            if w * h > max_pixels:
+                raise MediaError(f"{name} is {w}x{h} pixels, more than the limit of {max_pixels:,}")
+            image.load()  # the first frame only, for an animated image
+            rgb = _as_rgb(ImageOps.exif_transpose(image))
+    except MediaError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise MediaError(f"{name} is too many pixels to decode safely") from None
+    except UnidentifiedImageError:
+        raise MediaError(f"{name} is not an image tallow can read", "give a PNG, JPEG, GIF, WebP or BMP") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise MediaError(f"{name} is truncated or damaged ({e})") from None
+    data = rgb.tobytes()
+    key = hashlib.sha256(b"%dx%d:" % rgb.size + data).hexdigest()[:32]
+    return Media("image", key, data, rgb.size[0], rgb.size[1])
+
+
+def _as_rgb(image):
+    """Any Pillow mode as 8-bit RGB: alpha over white, 16-bit and float scaled to 8 bits."""
+    from PIL import Image
+
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        import numpy as np
+
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode.startswith("I;16") or values.max(initial=0) > 255 else 255.0
+        image = Image.fromarray((np.clip(values / top, 0, 1) * 255).astype("uint8"), "L")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        image = image.convert("RGBA")
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, image)
+    return image.convert("RGB")
+
+
+def with_markers(text: str, n: int) -> str:
+    """A message's text with `n` media items placed before it (as llama-mtmd-cli places them)."""
+    if MARKER in text:
+        raise MediaError(f"the prompt contains libmtmd's media marker {MARKER} as text")
+    return "".join(MARKER + "\n" for _ in range(n)) + text

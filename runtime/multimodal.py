@@ -1,0 +1,69 @@
+"""A multimodal prompt as the sequence core sees it: one token list, where each media chunk
+stands as a run of placeholder ids (negative, so never a vocabulary token) derived from a
+hash of its decoded pixels. Prefix reuse, trimming and the disk prompt cache compare token
+lists, so a second question about the same picture finds its cells already evaluated, in
+memory or on disk, and nothing here needs to know about media. `Span` says where the chunks
+are; the drivers evaluate a span through the projector instead of as tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+_RANGE = 0x3FFFFFFF
+
+
+@dataclass(frozen=True)
+class Span:
+    """A media chunk at prompt positions start .. start + n - 1."""
+    start: int
+    n: int
+    kind: str
+    chunk: Any  # runtime.backend.media.Chunk
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n
+
+
+def placeholders(key: str, n: int) -> list[int]:
+    base = int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16)
+    return [-1 - (base + i) % _RANGE for i in range(n)]
+
+
+def assemble(pieces: list, bos: int | None) -> tuple[list[int], tuple[Span, ...]]:
+    """Text runs and media chunks (Projector.tokenize) as one token list and its spans."""
+    tokens: list[int] = [] if bos is None else [bos]
+    spans = []
+    for piece in pieces:
+        if isinstance(piece, list):
+            tokens.extend(piece)
+            continue
+        spans.append(Span(len(tokens), piece.n_tokens, piece.kind, piece))
+        tokens.extend(placeholders(piece.key, piece.n_tokens))
+    return tokens, tuple(spans)
+
+
+def snap(cached: int, spans: tuple[Span, ...]) -> int:
+    """A reusable prefix never ends inside a media chunk: cut it back to the chunk's start."""
+    for span in spans:
+        if span.start < cached < span.end:
+            return span.start
+    return cached
+
+
+def cuts(ends: set[int], spans: tuple[Span, ...], start: int, stop: int) -> list[int]:
+    """Prefill chunk ends (absolute positions) with every span a chunk of its own."""
+    out = set(ends)
+    for span in spans:
+        if span.end > start:
+            out -= set(range(span.start + 1, span.end))
+            out |= {p for p in (span.start, span.end) if start < p <= stop}
+    return sorted(out)
+
+
+def text_only(tokens: list[int]) -> list[int]:
+    """The vocabulary tokens of a prompt (what a repetition penalty or a drafter may see)."""
+    return [t for t in tokens if t >= 0]
