@@ -55,13 +55,13 @@ def decode_image(raw: bytes, name: str = "the image", max_bytes: int = MAX_BYTES
             if w <= 0 or h <= 0:
                 raise MediaError(f"{name} has no pixels ({w}x{h})")
             if w * h > max_pixels:
-                raise MediaError(f"{name} is {w}x{h} pixels, more than the limit of {max_pixels:,}")
+                raise MediaError(f"{name} is {w}x{h}: more pixels than the limit of {max_pixels:,}")
             image.load()  # the first frame only, for an animated image
             rgb = _as_rgb(ImageOps.exif_transpose(image))
     except MediaError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise MediaError(f"{name} is too many pixels to decode safely") from None
+        raise MediaError(f"{name} has more pixels than the limit of {max_pixels:,}") from None
     except UnidentifiedImageError:
         raise MediaError(f"{name} is not an image tallow can read", "give a PNG, JPEG, GIF, WebP or BMP") from None
     except (OSError, ValueError, SyntaxError) as e:
