@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers.processes import run_tallow
 from helpers.projector import solid_png, write_colour_projector
+
 from tallow.runtime.media import MARKER, MediaError, with_markers
 
 pytestmark = pytest.mark.slow

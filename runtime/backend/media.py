@@ -22,7 +22,7 @@ from tallow.runtime.media import Media
 
 _KINDS = {M.MTMD_INPUT_CHUNK_TYPE_IMAGE: "image", M.MTMD_INPUT_CHUNK_TYPE_AUDIO: "audio"}
 _logs_routed = False
-_NO_CALLBACK = ctypes.cast(None, M.mtmd_helper_post_decode_callback)  # a NULL function pointer
+_NO_CALLBACK = M.mtmd_helper_post_decode_callback()  # a NULL function pointer
 
 
 def _route_logs() -> None:
