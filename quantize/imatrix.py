@@ -24,7 +24,7 @@ def compute_imatrix(model: LocalModel, text: str | None, n_ctx: int, max_chunks:
     """Run the text through the model in windows; returns (ActivationStats, chunks used)."""
     from dataclasses import replace
 
-    from tallow.runtime.backend import ActivationStats
+    from tallow.runtime.backend.observer import ActivationStats
     from tallow.runtime.engine import Engine
 
     stats = ActivationStats()

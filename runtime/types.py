@@ -19,7 +19,7 @@ class LoadSettings:
     flash_attn: str = "auto"  # auto | on | off
     n_batch: int = 512
     echo_logs: bool = False
-    observer: Any = None  # runtime.backend.ActivationStats, to collect an importance matrix
+    observer: Any = None  # runtime.backend.observer.ActivationStats, to collect an importance matrix
     type_k: str = "f16"  # KV cache types
     type_v: str = "f16"
     n_seq_max: int = 1  # sequences the context can hold at once (more for parallel decoding)
