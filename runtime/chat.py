@@ -76,6 +76,7 @@ class Conversation:
         self.system = system
         self.messages: list[dict[str, Any]] = list(messages or [])  # user/assistant turns only
         self.stats: list[TurnStats] = []
+        self.pending: list[Any] = []  # runtime.media.Media attached to the next message (/image)
 
     # -- the conversation ------------------------------------------------------------------
     def _all(self, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,8 +115,13 @@ class Conversation:
     def ask(self, text: str) -> Generator[TokenEvent | FinalEvent | NoticeEvent, None, None]:
         """Stream one turn. Ctrl-C (KeyboardInterrupt thrown in) ends it with a final record;
         the partial answer stays in the conversation, marked as cut."""
-        user = {"role": "user", "content": text}
+        user: dict[str, Any] = {"role": "user", "content": text}
+        if self.pending:
+            from tallow.runtime.media import with_markers
+
+            user = {"role": "user", "content": with_markers(text, len(self.pending)), "media": self.pending}
         request, dropped = self._fit(user)
+        self.pending = []
         if dropped:
             yield NoticeEvent(f"context full: dropped the oldest {dropped} turn{'s' * (dropped > 1)} to make room")
         events = self.engine.stream(request)
@@ -148,7 +154,16 @@ class Conversation:
                                     t.ttft_ms, t.decode_tps))
 
     # -- commands ----------------------------------------------------------------------------
+    def attach(self, media) -> None:
+        """Show the model this decoded image with the next message."""
+        if getattr(self.engine, "projector", None) is None:
+            from tallow.runtime.media import MediaError
+
+            raise MediaError("this model has no projector: it cannot take images", "start the chat with --mmproj PATH")
+        self.pending.append(media)
+
     def clear(self) -> None:
+        self.pending = []
         self.messages.clear()
         self.stats.clear()
         self.engine.reset()
@@ -190,8 +205,9 @@ class Conversation:
 
     def save(self, path: Path) -> None:
         from tallow.common.files import write_atomic
+        from tallow.runtime.media import without_media
 
-        data = {"system": self.system, "messages": self.messages, "settings": {
+        data = {"system": self.system, "messages": [without_media(m) for m in self.messages], "settings": {
             "sampling": asdict(self.settings.sampling), "max_tokens": self.settings.max_tokens}}
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(data, ensure_ascii=False, indent=2).encode())

@@ -95,3 +95,11 @@ def with_markers(text: str, n: int) -> str:
     if MARKER in text:
         raise MediaError(f"the prompt contains libmtmd's media marker {MARKER} as text")
     return "".join(MARKER + "\n" for _ in range(n)) + text
+
+
+def without_media(message: dict) -> dict:
+    """A message as text alone (what a saved conversation keeps): its media and markers dropped."""
+    if not message.get("media"):
+        return message
+    text = message["content"].replace(MARKER + "\n", "").replace(MARKER, "")
+    return {k: v for k, v in message.items() if k != "media"} | {"content": text}

@@ -162,3 +162,27 @@ def test_the_scheduler_refuses_media_until_it_evaluates_them(vision_engine, tmp_
 def test_the_marker_as_text_is_refused():
     with pytest.raises(MediaError, match="media marker"):
         with_markers(f"say {MARKER}", 1)
+
+
+def test_chat_attaches_images_to_the_next_message_and_reuses_them(default_home, colour_projector, tmp_path):
+    red, blue = solid_png(tmp_path / "red.png", (255, 0, 0)), solid_png(tmp_path / "blue.png", (0, 0, 255))
+    script = (f"/image {red}\n{QUESTION}\nAnd again?\n/image {blue}\n{QUESTION}\n/image {tmp_path / 'none.png'}\n"
+              "/bye\n").encode()
+    out = run_tallow(["chat", "smollm2:135m", "--mmproj", str(colour_projector), "--temperature", "0",
+                      "--max-tokens", "12", "--no-log", "--stats"], home=default_home, input=script)
+    assert out.returncode == 0, out.stderr.decode()
+    err = out.stderr.decode()
+    assert err.count("image 64x64 attached to the next message") == 2
+    assert "error: cannot read the image" in err
+    stats = [line for line in err.splitlines() if line.startswith("prompt ")]
+    assert len(stats) == 3 and "+ image 4 tok" in stats[0] and "+ image 8 tok" in stats[2]
+    assert "image encode" in stats[0] and "image encode" not in stats[1]  # turn 2 reuses the image's cells
+    answers = out.stdout.decode().lower()
+    assert answers.index("red") < answers.rindex("blue")
+
+
+def test_chat_without_a_projector_refuses_an_image(default_home, tmp_path):
+    red = solid_png(tmp_path / "red.png", (255, 0, 0))
+    out = run_tallow(["chat", "smollm2:135m", "--no-log"], home=default_home, input=f"/image {red}\n/bye\n".encode())
+    assert out.returncode == 0
+    assert "error: this model has no projector: it cannot take images" in out.stderr.decode()

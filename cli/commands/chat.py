@@ -23,6 +23,7 @@ HELP = """commands:
   /system TEXT          set the system prompt
   /set PARAM VALUE      one of: {params}
   /show                 model, settings, context used
+  /image PATH           show the model this image with the next message (needs --mmproj)
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
   /bye                  leave (or Ctrl-D)
@@ -48,6 +49,7 @@ def chat(
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
     raw: o.Raw = False,
+    mmproj: o.Mmproj = None,
     on_overflow: o.OnOverflow = "drop",
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
@@ -72,13 +74,17 @@ def chat(
     if remote:
         o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
-                        "--on-overflow": on_overflow != "drop"})
+                        "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None})
     grammar, schema = o.structured(format_, json_schema)
     chat_settings = ChatSettings(replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                               repeat_penalty=repeat_penalty, seed=seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar)
     load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
+    if load is not None and mmproj is not None:
+        if not mmproj.is_file():
+            raise TallowError(f"no projector file {mmproj}")
+        load = replace(load, mmproj=mmproj)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
@@ -178,6 +184,26 @@ def logprob_lines(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _attach(conv: Conversation, path: str, say) -> None:
+    from pathlib import Path
+
+    from tallow.runtime.media import decode_image
+
+    if not path:
+        say("error: /image needs a PATH", soft_wrap=True)
+        return
+    try:
+        media = decode_image(Path(path).expanduser().read_bytes(), f"the image {path}")
+        conv.attach(media)
+    except OSError as exc:
+        say(f"error: cannot read the image {path}: {exc.strerror or exc}", markup=False, soft_wrap=True)
+        return
+    except TallowError as exc:
+        say(f"error: {exc}", markup=False, soft_wrap=True)
+        return
+    say(f"image {media.width}x{media.height} attached to the next message", style="dim", soft_wrap=True)
+
+
 def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
     if reasoning and not hide_thinking:
         out.print(reasoning, style="dim", end="", markup=False)
@@ -216,6 +242,8 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
             f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
             + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.served_at is None
                else f"context: held by the server at {conv.engine.served_at}"), markup=False, soft_wrap=True)
+    elif cmd == "/image":
+        _attach(conv, arg, say)
     elif cmd == "/stats":
         st = conv.summary()
         shown = {k: "not reported" if st[k] is None else st[k] for k in ("prompt_tokens", "cached_tokens")}
