@@ -29,6 +29,8 @@ from tallow.common.errors import TallowError
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
 from tallow.runtime.histogram import Histogram
+from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
+from tallow.runtime.multimodal import text_only
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings, TokenEvent
@@ -103,7 +105,7 @@ class _Job:
         self.sampler: Any = None  # the C sampler chain, made when the job starts
         self.slot: _Slot | None = None
         self.next_token: int | None = None  # sampled, not yet evaluated
-        self.drafter = LookupDrafter(request.prompt_tokens) if request.draft == "lookup" else None
+        self.drafter = LookupDrafter(text_only(request.prompt_tokens)) if request.draft == "lookup" else None
         self.draft: list[int] = []  # guesses decoded after next_token in this step
         self.points: list[int] = []  # cache points to save when the prefill reaches them
 
@@ -160,6 +162,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closing = False
         self.stats = Stats()
+        self.media = MediaPrefill(engine)
         self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
         self._thread.start()
 
@@ -171,10 +174,6 @@ class Scheduler:
     def submit(self, request: Request, on_event: Callable[[Event], None] | None = None) -> Handle:
         """Queue a request. Raises ContextOverflow when it can never fit, QueueFull when too
         many wait. `on_event` is called on the engine thread; without it, read handle.events()."""
-        if request.media:  # the scheduler evaluates text only, for now (docs/DESIGN.md, "Media")
-            from tallow.runtime.media import MediaError
-
-            raise MediaError("images are taken by run and chat only, not yet by serve or batch")
         prompt = request.prompt_tokens
         if not prompt:
             raise ContextOverflow("the prompt is empty")
@@ -226,6 +225,7 @@ class Scheduler:
             self._closing = True
             self._cond.notify()
         self._thread.join()
+        self.media.close()
         self.engine.close()
 
     # -- the engine thread ---------------------------------------------------------------------
@@ -326,11 +326,15 @@ class Scheduler:
             job.next_token = None
         separate = []  # deterministic prefill chunks, each a call of its own
         budget = self.n_batch - len(decode)
-        for job in self._active:
+        for job in list(self._active):
             prompt, slot = job.request.prompt_tokens, job.held
             start = len(slot.kv)
             if job.run.t_decode_start is not None or start >= len(prompt):
                 continue
+            if (span := span_at(job.request.media, start)) is not None:
+                if not self._media_ready(job, span):
+                    continue  # encoding on the worker; the others go on
+                start = len(slot.kv)
             if budget < (2 if det else 1):
                 break
             chunk: list[tuple[int, int, int, bool]] = []
@@ -339,7 +343,8 @@ class Scheduler:
             room = budget - len(chunk)
             if det:  # below flash attention's tiled kernel, which rounds differently
                 room = min(room, DET_CHUNK)
-            n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]))  # stop at a cache point
+            n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]),  # stop at a cache point
+                    *(p - start for p in [next_span(job.request.media, start)] if p is not None))  # and at media
             for i in range(start, start + n):
                 # deterministic mode asks for two output rows: see _pair
                 chunk.append((prompt[i], i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
@@ -354,6 +359,13 @@ class Scheduler:
                 decode.extend(chunk)
         return ([(decode, wants)] if decode else []) + separate
 
+    def _media_ready(self, job: _Job, span) -> bool:
+        try:
+            return self.media.evaluate(job, span)
+        except TallowError as e:
+            self._fail(job, e)
+            return False
+
     def _pair(self, slot: _Slot, entries: list) -> None:
         """Re-evaluate the sequence's last token alongside the next one, both with logits, so
         that no matrix product ever has a single row: llama.cpp multiplies one row with a
@@ -361,13 +373,18 @@ class Scheduler:
         differently, and the last layer and the output matrix run on the output rows only.
         The re-evaluated cell gets the very values it had."""
         p = len(slot.kv) - 1
+        if slot.kv[p] < 0:  # a media cell cannot be evaluated as a token: no pair
+            return
         self.engine.ctx.seq_rm(slot.seq, p, -1)
         entries.append((slot.kv[p], p, slot.seq, True))  # slot.kv already lists it
 
     def _step(self) -> None:
         ctx = self.engine.ctx
         self.engine.pace()
-        for entries, wants in self._calls():
+        calls = self._calls()
+        if not calls and self.media.busy():
+            self.media.wait(0.05)  # nothing to step but an encode: wait for it, not spin
+        for entries, wants in calls:
             try:
                 ctx.decode_batch(entries)
             except BackendError as e:
@@ -448,6 +465,7 @@ class Scheduler:
         self._emit(job, Failure(error))
 
     def _release(self, job: _Job) -> None:
+        self.media.forget(job)
         if job in self._active:
             self._active.remove(job)
         if job.sampler is not None:

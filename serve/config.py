@@ -50,6 +50,7 @@ class RunnerConfig:
     gpu_layers: str = "auto"
     flash_attn: str = "auto"
     no_cache: bool = False
+    mmproj: str | None = None  # the model's projector, for images in requests
     embed_batch: int = 512  # an embedding model's tokens per decode
     # the HTTP app
     max_tokens: int = _SERVER.max_tokens

@@ -146,17 +146,25 @@ def test_images_for_an_engine_without_a_projector_are_refused(synth_engine, tmp_
         synth_engine.request([_image_message([_image(tmp_path, (1, 1, 1))])])
 
 
-def test_the_scheduler_refuses_media_until_it_evaluates_them(vision_engine, tmp_path):
+def test_the_scheduler_evaluates_images_beside_text_streams(default_model, colour_projector, tmp_path):
     from tallow.runtime.scheduler import Scheduler
-    from tallow.runtime.types import SchedulerSettings
+    from tallow.runtime.types import LoadSettings, Sampling, SchedulerSettings
 
-    request = vision_engine.request([_image_message([_image(tmp_path, (255, 0, 0))])])
-    scheduler = Scheduler(vision_engine, SchedulerSettings(parallel=1))
+    settings = SchedulerSettings(parallel=3)
+    scheduler = Scheduler.load([default_model], LoadSettings(n_ctx=3 * 512, mmproj=colour_projector), settings)
     try:
-        with pytest.raises(MediaError, match="not yet by serve or batch"):
-            scheduler.submit(request)
+        engine, greedy = scheduler.engine, Sampling(temperature=0.0)
+        asks = [[_image_message([_image(tmp_path, (255, 0, 0), "r.png")])],
+                [{"role": "user", "content": "Count from one to ten."}],
+                [_image_message([_image(tmp_path, (0, 0, 255), "b.png")])]]
+        handles = [scheduler.submit(engine.request(m, sampling=greedy, max_tokens=12)) for m in asks]
+        red, text, blue = (h.result() for h in handles)
+        again = scheduler.submit(engine.request(asks[0], sampling=greedy, max_tokens=12)).result()
     finally:
         scheduler.close()
+    assert "red" in red.text.lower() and "blue" in blue.text.lower() and text.usage.media_tokens == 0
+    assert red.usage.media_tokens == 4 and red.timings.media_ms > 0
+    assert again.text == red.text and again.usage.cached_tokens > 4 and again.timings.media_ms == 0
 
 
 def test_the_marker_as_text_is_refused():

@@ -12,6 +12,7 @@ import secrets
 from typing import Any
 
 from tallow.runtime.answer import Outcome
+from tallow.runtime.media import MARKER
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
@@ -24,6 +25,7 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
+from tallow.wire.media_parts import anthropic_block
 from tallow.wire.request import Limits, Parsed
 
 FIELDS = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
@@ -66,12 +68,15 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         if not isinstance(content, list):
             raise APIError(f"{where}.content must be a string or a list of blocks", param="messages")
-        text, calls = [], []
+        text, calls, media = [], [], []
         for j, b in enumerate(content):
             kind = b.get("type") if isinstance(b, dict) else None
             bw = f"{where}.content[{j}]"
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
+            elif kind == "image" and m["role"] == "user":
+                media.append(anthropic_block(b, bw, "messages"))
+                text.append(MARKER)
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
                     raise APIError(f"{bw}: a tool_use block needs an id, a name and an input object", param="messages")
@@ -79,8 +84,8 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
                 calls.append({"id": b["id"], "name": b["name"], "arguments": json.dumps(b.get("input", {}), ensure_ascii=False)})
             elif kind == "tool_result" and m["role"] == "user":
                 if text:  # text before a result stays before it
-                    out.append({"role": "user", "content": "".join(text)})
-                    text = []
+                    out.append({"role": "user", "content": "".join(text), **({"media": media} if media else {})})
+                    text, media = [], []
                 ref = b.get("tool_use_id")
                 if not isinstance(ref, str):
                     raise APIError(f"{bw}: a tool_result block needs a tool_use_id", param="messages")
@@ -95,6 +100,8 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
                                param="messages")
         if text or calls or not content:
             msg: dict[str, Any] = {"role": m["role"], "content": "".join(text)}
+            if media:
+                msg["media"] = media
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)

@@ -14,6 +14,7 @@ from typing import Any
 
 from tallow.common.errors import TallowError
 from tallow.runtime.grammar import Schema
+from tallow.runtime.media import MARKER
 from tallow.runtime.tools.choice import Tool, ToolChoice
 from tallow.runtime.types import Sampling
 
@@ -116,9 +117,11 @@ def text_field(body: dict, name: str) -> str | None:
     return value
 
 
-def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("text",), noun: str = "parts") -> str:
-    """Content given as a string or a list of text parts (of `kinds`), as one string; any
-    other part (an image, audio) is refused by name."""
+def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("text",), noun: str = "parts",
+                media=None, found: list | None = None) -> str:
+    """Content given as a string or a list of text parts (of `kinds`), as one string. With a
+    `media` reader (wire/media_parts.py), an image part becomes a media marker in the text
+    and its decoded image goes to `found`; any other part (audio, say) is refused by name."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -126,9 +129,18 @@ def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("t
     if isinstance(value, list):
         parts = []
         for i, part in enumerate(value):
+            image = media(part, f"{where}[{i}]", param) if media is not None and isinstance(part, dict) else None
+            if image is not None and found is not None:
+                found.append(image)
+                parts.append(MARKER)
+                continue
             if not isinstance(part, dict) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise APIError(f"{where}[{i}]: only text {noun} are supported, not {kind!r}", param=param)
+                raise APIError(f"{where}[{i}]: only text and image {noun} are supported, not {kind!r}"
+                               if media is not None else
+                               f"{where}[{i}]: only text {noun} are supported, not {kind!r}", param=param)
+            if MARKER in part["text"]:
+                raise APIError(f"{where}[{i}]: the text holds libmtmd's media marker {MARKER}", param=param)
             parts.append(part["text"])
         return "".join(parts)
     raise APIError(f"{where} must be a string or a list of text {noun}", param=param)

@@ -29,6 +29,7 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
+from tallow.wire.media_parts import ollama_images
 from tallow.wire.request import Limits, Parsed
 
 CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
@@ -125,11 +126,10 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
             raise APIError(f"messages[{i}] needs a 'role' of system, user, assistant or tool", param="messages")
-        if m.get("images"):
-            raise APIError(f"messages[{i}].images: images are not supported (tallow runs text models)",
-                           param="messages")
         msg: dict[str, Any] = {"role": m["role"], "content": joined_text(m.get("content") or "",
                                                                           f"messages[{i}].content", "messages")}
+        if m.get("images") is not None:
+            msg.update(ollama_images(m["images"], msg["content"], f"messages[{i}].images"))
         calls = m.get("tool_calls")
         if m["role"] == "assistant" and calls:
             if not isinstance(calls, list):

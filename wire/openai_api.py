@@ -29,6 +29,7 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
+from tallow.wire.media_parts import openai_part
 from tallow.wire.request import Limits, Parsed
 
 SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -129,7 +130,12 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
             raise APIError(f"messages[{i}] needs a 'role' of system, developer, user, assistant or tool",
                            param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        msg: dict[str, Any] = {"role": role, "content": joined_text(m.get("content"), f"messages[{i}].content", "messages")}
+        found: list = []
+        msg: dict[str, Any] = {"role": role, "content": joined_text(m.get("content"), f"messages[{i}].content", "messages",
+                                                                    media=openai_part if role == "user" else None,
+                                                                    found=found)}
+        if found:
+            msg["media"] = found
         if role == "assistant":
             calls = _calls(m, i)
             if calls:
@@ -182,6 +188,7 @@ def to_request(engine, parsed: Parsed) -> Request:
     are a prefix worth keeping in the disk prompt cache (the prompt that many requests share)."""
     from tallow.common.errors import TallowError
     from tallow.runtime.grammar import grammar_for
+    from tallow.runtime.media import MediaError
 
     try:
         grammar = parsed.grammar or grammar_for(parsed.json_format, parsed.schema)
@@ -192,8 +199,11 @@ def to_request(engine, parsed: Parsed) -> Request:
         while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
             head += 1
         prefixes = [parsed.messages[:head]] if head else []
-        return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
-                              **parsed.request_kwargs())
+        try:
+            return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
+                                  **parsed.request_kwargs())
+        except MediaError as exc:  # images for a model without a projector
+            raise APIError(exc.message, param="messages") from exc
     if isinstance(parsed.prompt, list):
         vocab = engine.model.n_vocab
         if not all(0 <= t < vocab for t in parsed.prompt):

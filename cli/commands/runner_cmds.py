@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -44,6 +45,8 @@ def runner(
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
     load = o.with_draft(o.load_settings(c.ctx, c.threads, c.gpu_layers, c.flash_attn), c.draft)
+    if c.mmproj is not None:
+        load = replace(load, mmproj=Path(c.mmproj))
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
     if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker

@@ -40,6 +40,7 @@ def serve(
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
     no_cache: o.NoCache = False,
+    mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The projector (mmproj GGUF) of the one MODEL: requests may then hold images.", show_default=False),
     alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one; it names the first MODEL.", show_default=False),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
     default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
@@ -74,6 +75,9 @@ def serve(
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
     o.parse_draft(draft)
+    if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
+        raise typer.BadParameter("names no projector file" if len(models or []) == 1 else
+                                 "a projector goes with exactly one MODEL", param_hint="--mmproj")
     keep = _keep_alive(keep_alive if keep_alive is not None else settings.keep_alive())
     budget = None
     if memory_budget is not None:
@@ -88,7 +92,8 @@ def serve(
                             flash_attn=o.parse_flash_attn(flash_attn), draft=draft, deterministic=deterministic,
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
-                            tool_format=forced_format, history=history)
+                            tool_format=forced_format, history=history,
+                            mmproj=str(mmproj.resolve()) if mmproj is not None else None)
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
