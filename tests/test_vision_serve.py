@@ -98,3 +98,12 @@ def test_a_server_without_a_projector_answers_400(replica, tmp_path):
     with pytest.raises(openai.BadRequestError, match="has no projector"):
         replica.client().chat.completions.create(model="synthetic.gguf", max_tokens=2, messages=[
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": picture}}]}])
+
+
+def test_ollama_generate_takes_images(vision_server):
+    import ollama
+
+    server, pictures = vision_server
+    reply = ollama.Client(host=server.url).generate(model="smollm2:135m", prompt=QUESTION, images=[pictures["blue"]],
+                                                    options={"temperature": 0, "num_predict": 12})
+    assert "blue" in reply.response.lower()

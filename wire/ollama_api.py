@@ -163,8 +163,7 @@ def parse_generate(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
                       ("template", "Ollama's Go templates cannot run here: tallow renders the model's own chat "
                                    "template (or send raw: true with the prompt as the model should see it)"),
                       ("context", "the token context of an earlier answer is not supported: send the whole "
-                                  "conversation to /api/chat"),
-                      ("images", "images are not supported (tallow runs text models)")):
+                                  "conversation to /api/chat")):
         if body.get(name):
             raise APIError(f"'{name}': {why}", param=name)
     prompt = body.get("prompt")
@@ -178,8 +177,13 @@ def parse_generate(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
     if flag(body, "raw"):
         if system:
             raise APIError("'system' cannot go with raw: true (a raw prompt is sent as it is)", param="system")
+        if body.get("images"):
+            raise APIError("'images' cannot go with raw: true (a raw prompt has no place for them)", param="images")
         return Parsed(messages=None, prompt=prompt, extra=extra, **common)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    user: dict[str, Any] = {"role": "user", "content": prompt}
+    if body.get("images") is not None:
+        user.update(ollama_images(body["images"], prompt, "images"))
+    messages = ([{"role": "system", "content": system}] if system else []) + [user]
     return Parsed(messages=messages, prompt=None, extra=extra, **common)
 
 
