@@ -140,14 +140,12 @@ class Engine:
             text = "\n\n".join(m["content"] for m in messages)
             if not media:
                 return self.model.tokenize(text, add_special=True, parse_special=False), ()
-            add_bos = self.model.add_bos
         else:
             text = template.render(messages, add_generation_prompt=True, tools=tools)
-            add_bos = self.model.add_bos
         if media:
-            return self._media_prompt(text, media, add_bos)
+            return self._media_prompt(text, media, self.model.add_bos)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
-        if add_bos and (not tokens or tokens[0] != self.model.bos):
+        if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
             tokens.insert(0, self.model.bos)
         return tokens, ()
 
