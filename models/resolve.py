@@ -12,7 +12,7 @@ from tallow.models.gguf_file import check_gguf
 from tallow.models.names import near_names, shown
 from tallow.models.pull import PullOptions, pull
 from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
-from tallow.models.store import Store
+from tallow.models.store import Manifest, Store
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class LocalModel:
     name: str
     paths: list[Path]  # shards in order; llama.cpp loads them together
     sha256: str | None  # of the first file; known for stored models
+    mmproj: Path | None = None  # the stored projector, for images and audio
 
     @property
     def path(self) -> Path:
@@ -39,7 +40,7 @@ def locate(text: str, store: Store) -> LocalModel | HubRef | PackagedModel:
             raise
         manifest = None  # a damaged copy of something pullable: pull it again over the top
     if manifest is not None:
-        return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
+        return stored_model(manifest, store)
     if isinstance(ref, NameRef):
         raise not_found(text, stored_names(store))
     return ref
@@ -67,5 +68,9 @@ def find_or_pull(text: str, store: Store, opts: PullOptions, on_progress: Progre
     found = locate(text, store)
     if isinstance(found, LocalModel):
         return found
-    manifest = pull(found, store, opts, on_progress)
-    return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"))
+    return stored_model(pull(found, store, opts, on_progress), store)
+
+
+def stored_model(manifest: Manifest, store: Store) -> LocalModel:
+    return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"),
+                      store.projector_path(manifest))

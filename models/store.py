@@ -52,10 +52,17 @@ class Manifest:
     license: str | None = None
     gguf: dict[str, Any] = field(default_factory=dict)  # architecture, parameters, file type, context length
     created: float = field(default_factory=time.time)
+    projector: StoredFile | None = None  # the model's mmproj GGUF, for images and audio
+    projector_facts: dict[str, Any] = field(default_factory=dict)  # models.projector.ProjectorFacts.to_json
 
     @property
     def size(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size for f in self.stored_files)
+
+    @property
+    def stored_files(self) -> list[StoredFile]:
+        """Every file the model uses: its weights, then its projector."""
+        return self.files + ([self.projector] if self.projector else [])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +73,7 @@ class Manifest:
             "license": self.license,
             "gguf": self.gguf,
             "created": self.created,
+            **({"projector": {**self.projector.to_json(), "facts": self.projector_facts}} if self.projector else {}),
         }
 
     @classmethod
@@ -74,8 +82,10 @@ class Manifest:
             files = [StoredFile.from_json(f) for f in data["files"]]
             if not files:
                 raise ValueError("no files")
+            proj = data.get("projector")
             return cls(str(parse_name(data["name"])), files, dict(data.get("source") or {}), data.get("license"),
-                       dict(data.get("gguf") or {}), float(data.get("created") or 0))
+                       dict(data.get("gguf") or {}), float(data.get("created") or 0),
+                       StoredFile.from_json(proj) if proj else None, dict(proj.get("facts") or {}) if proj else {})
         except InvalidName as exc:
             raise IntegrityError(f"corrupt manifest: {exc.message}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -127,7 +137,7 @@ class Store:
         return manifest
 
     def _check_files(self, manifest: Manifest, path: Path) -> None:
-        for i, f in enumerate(manifest.files):
+        for i, f in enumerate(manifest.stored_files):
             if f.linked:
                 target = Path(f.linked)
                 try:
@@ -142,7 +152,11 @@ class Store:
                 if st.st_size != f.size or f"sha256-{sha256_file(target)}" != f.digest:
                     raise IntegrityError(f"model {manifest.name}: {target} changed since it was imported",
                                          f"import it again: tallow import {target} --link --name {manifest.name}")
-                manifest.files[i] = StoredFile(f.path, f.digest, f.size, f.linked, st.st_mtime_ns)
+                renewed = StoredFile(f.path, f.digest, f.size, f.linked, st.st_mtime_ns)
+                if i < len(manifest.files):
+                    manifest.files[i] = renewed
+                else:
+                    manifest.projector = renewed
                 try:
                     self.commit(manifest)
                 except OSError:
@@ -158,6 +172,10 @@ class Store:
     def model_file(self, manifest: Manifest) -> Path:
         return self.paths(manifest)[0]
 
+    def projector_path(self, manifest: Manifest) -> Path | None:
+        f = manifest.projector
+        return None if f is None else Path(f.linked) if f.linked else self.blob_path(f.digest)
+
     def all(self) -> tuple[list[tuple[Manifest, Path]], list[str]]:
         """Every stored manifest, and a line for each one that cannot be read."""
         found: list = []
@@ -170,6 +188,10 @@ class Store:
             except (OSError, ValueError, TallowError) as exc:
                 problems.append(f"{path}: {getattr(exc, 'message', exc)}")
         return found, problems
+
+    def digests_in_use(self) -> set[str]:
+        """The blobs some stored model uses."""
+        return {f.digest for m, _ in self.all()[0] for f in m.stored_files if not f.linked}
 
     def temp_file(self, suffix: str = ".partial") -> Path:
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -207,11 +229,11 @@ class Store:
                 raise ModelNotFound(f"model {shown(name)} is not stored" + (f"; did you mean {' or '.join(near[:3])}?" if near else ""),
                                     "see what is: tallow list")
             chosen.append(key)
-        kept = {f.digest for m, _ in everything if m.name not in chosen for f in m.files if not f.linked}
+        kept = {f.digest for m, _ in everything if m.name not in chosen for f in m.stored_files if not f.linked}
         blobs: dict[Path, int] = {}
         linked: list[str] = []
         for key in chosen:
-            for f in by_name[key][0].files:
+            for f in by_name[key][0].stored_files:
                 if f.linked:
                     linked.append(f.linked)
                 elif f.digest not in kept and self.blob_path(f.digest).exists():

@@ -75,8 +75,10 @@ def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_p
     source_info = {"kind": "quantize", "from": source.name, "from_digest": source.sha256, "type": qt.name,
                    "imatrix_digest": sha256_file(Path(opts.imatrix)) if opts.imatrix else None,
                    "llama_cpp_python": version("llama-cpp-python"), "source_file_type": info.file_type}
+    origin = store.get(source.name) if source.mmproj is not None else None  # its projector goes with it
     manifest = Manifest(opts.name, [StoredFile(f"{opts.name.replace('/', '-')}.gguf", digest, size)], source_info,
-                        None, gguf_facts([result]))
+                        None, gguf_facts([result]), projector=origin.projector if origin else None,
+                        projector_facts=origin.projector_facts if origin else {})
     store.commit(manifest)
     return manifest
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from tallow.runtime.media import restored, stored
 from tallow.runtime.types import FinalEvent
 
 
@@ -144,13 +145,13 @@ class History:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO api_responses VALUES (?, ?, ?, ?, ?)",
                             (response_id, model, json.dumps(response, ensure_ascii=False),
-                             json.dumps(conversation, ensure_ascii=False), time.time()))
+                             json.dumps(stored(conversation), ensure_ascii=False), time.time()))
 
     def stored_response(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """(the response object, its conversation as messages), or None."""
         row = self.db.execute("SELECT response, conversation FROM api_responses WHERE id = ?",
                               (response_id,)).fetchone()
-        return (json.loads(row[0]), json.loads(row[1])) if row else None
+        return (json.loads(row[0]), restored(json.loads(row[1]))) if row else None
 
     def delete_response(self, response_id: str) -> bool:
         with self.db:

@@ -94,7 +94,8 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     settings = replace(settings, flash_attn=choose_flash_attn(settings, shape))
     ram = settings.memory if settings.memory is not None else available_memory()
     kw: dict[str, Any] = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch,
-                              n_seq=settings.n_seq_max, flash_attn=settings.flash_attn != "off")
+                              n_seq=settings.n_seq_max, flash_attn=settings.flash_attn != "off",
+                              projector=projector_bytes(settings.mmproj))
     n_ctx = default_context(settings, shape.n_ctx_train)
     fit_layers = None
     if settings.gpu_layers == "auto" and offload_supported and vram is not None:
@@ -113,6 +114,17 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     except TallowError as exc:
         problem = exc
     return MemoryPlan(n_ctx, layers, est, ram, note, problem, settings.flash_attn, extra_buffers(settings))
+
+
+def projector_bytes(path: Path | None) -> int:
+    """What a projector adds to a load: its weights and its encoder's compute buffer."""
+    if path is None:
+        return 0
+    from tallow.models.gguf_file import read_gguf
+    from tallow.models.projector import projector_memory
+
+    weights, compute = projector_memory(read_gguf(path))
+    return weights + compute
 
 
 CTX_ROUNDING = 256  # llama.cpp allocates a context in steps of this many cells

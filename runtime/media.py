@@ -97,6 +97,30 @@ def with_markers(text: str, n: int) -> str:
     return "".join(MARKER + "\n" for _ in range(n)) + text
 
 
+def stored(messages: list[dict]) -> list[dict]:
+    """Messages as JSON can hold them: each image as a lossless PNG in base64 (a stored
+    conversation continued later gives the model the same pixels, so the same media key)."""
+    return [{**m, "media": [_png(x) for x in m["media"]]} if m.get("media") else m for m in messages]
+
+
+def restored(messages: list[dict]) -> list[dict]:
+    """`stored` undone: the images decoded again, under the usual limits."""
+    import base64
+
+    return [{**m, "media": [decode_image(base64.b64decode(x["png"]), "a stored image") for x in m["media"]]}
+            if m.get("media") else m for m in messages]
+
+
+def _png(media: Media) -> dict:
+    import base64
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (media.width, media.height), media.data).save(out, "PNG")
+    return {"kind": media.kind, "png": base64.b64encode(out.getvalue()).decode("ascii")}
+
+
 def without_media(message: dict) -> dict:
     """A message as text alone (what a saved conversation keeps): its media and markers dropped."""
     if not message.get("media"):

@@ -30,6 +30,7 @@ class ServerConfig:
     fingerprint: str = ""
     history: object = None  # where stored Responses live: a path, ":memory:", or None (not stored)
     fault_after_tokens: int | None = None  # tests only: die by SIGSEGV at this many tokens (crash containment)
+    media_urls: bool = False  # fetch http(s) media URLs in requests (serve --allow-media-urls)
 
 
 _SERVER = ServerConfig(model="")
@@ -51,6 +52,7 @@ class RunnerConfig:
     flash_attn: str = "auto"
     no_cache: bool = False
     mmproj: str | None = None  # the model's projector, for images in requests
+    media_urls: bool = False  # fetch http(s) media URLs (serve --allow-media-urls; never when offline)
     embed_batch: int = 512  # an embedding model's tokens per decode
     # the HTTP app
     max_tokens: int = _SERVER.max_tokens
@@ -90,4 +92,4 @@ class RunnerConfig:
         return ServerConfig(model=model, max_body=self.max_body, max_tokens=self.max_tokens,
                             default_max_tokens=self.default_max_tokens, seed=self.seed, aliases=self.aliases,
                             fingerprint=fingerprint, tool_format=self.tool_format, history=self.history,
-                            fault_after_tokens=fault_after_tokens)
+                            fault_after_tokens=fault_after_tokens, media_urls=self.media_urls)

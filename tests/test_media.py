@@ -1,4 +1,5 @@
-"""Hostile and unusual images through runtime/media.decode_image: a clean MediaError or RGB."""
+"""Hostile and unusual images through runtime/media.decode_image: a clean MediaError or RGB;
+fetching an image URL under limits; choosing a repository's projector."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tallow.runtime.media import MediaError, decode_image
+from tallow.models.errors import ModelNotFound
+from tallow.models.hub import HubFile
+from tallow.models.projector import choose_projector
+from tallow.runtime.media import MediaError, decode_image, restored, stored
+from tallow.wire.fields import APIError
+
+REPO = "tallow-test/SmolLM2-Vision-GGUF"
 
 
 def _save(image: Image.Image, fmt: str, **kw) -> bytes:
@@ -92,3 +99,67 @@ def test_exif_orientation_is_applied():
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display
     media = decode_image(_save(image, "JPEG", exif=exif))
     assert (media.width, media.height) == (10, 20)
+
+
+def _hub_files(*paths: str) -> list[HubFile]:
+    return [HubFile(p, 1, "0" * 64, None) for p in paths]
+
+
+def test_the_projector_of_the_weights_precision_else_f16_is_chosen():
+    files = _hub_files("m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-F16.gguf", "mmproj-Q8_0.gguf", "mmproj-F32.gguf")
+    assert choose_projector(REPO, files, "Q8_0", None).path == "mmproj-Q8_0.gguf"
+    assert choose_projector(REPO, files, "Q4_K_M", None).path == "mmproj-F16.gguf"
+    assert choose_projector(REPO, files, "Q4_K_M", "f32").path == "mmproj-F32.gguf"
+    assert choose_projector(REPO, files, "Q4_K_M", "mmproj-Q8_0.gguf").path == "mmproj-Q8_0.gguf"
+    assert choose_projector(REPO, _hub_files("m-Q4_K_M.gguf"), "Q4_K_M", None) is None
+    assert choose_projector(REPO, _hub_files("m.gguf", "sub/x-mmproj-bf16.gguf"), None, None).path == "sub/x-mmproj-bf16.gguf"
+    with pytest.raises(ModelNotFound, match="no projector 'Q2_K'") as exc:
+        choose_projector(REPO, files, "Q4_K_M", "Q2_K")
+    assert "mmproj-F16.gguf" in exc.value.hint
+    with pytest.raises(ModelNotFound, match="several projectors and none is F16") as exc:
+        choose_projector(REPO, _hub_files("m-Q4_K_M.gguf", "mmproj-BF16.gguf", "mmproj-F32.gguf"), "Q4_K_M", None)
+    assert "--mmproj NAME" in exc.value.hint
+
+
+def test_a_stored_conversation_gives_back_the_same_pixels():
+    pixels = np.random.default_rng(1).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    image = decode_image(_save(Image.fromarray(pixels, "RGB"), "PNG"))
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "x", "media": [image]}]
+    import json
+
+    back = restored(json.loads(json.dumps(stored(messages))))
+    assert back[0] == messages[0] and back[1]["media"][0] == image
+
+
+@pytest.fixture
+def stalling_site():
+    """A loopback server that answers headers, then sends nothing more."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"\x89PNG")
+            self.wfile.flush()
+            threading.Event().wait(3)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_media_url_that_stalls_is_cut_at_the_deadline(stalling_site):
+    from tallow.serve.media_fetch import fetch_media
+
+    with pytest.raises(APIError, match="took more than 0.5 s"):
+        fetch_media(stalling_site + "/slow.png", "messages[0].content[0]", "messages", timeout_s=0.5)
+    with pytest.raises(APIError, match="only http, https and data: URLs"):
+        fetch_media("ftp://127.0.0.1/x.png", "m", "messages")

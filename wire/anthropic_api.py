@@ -25,7 +25,7 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
-from tallow.wire.media_parts import anthropic_block
+from tallow.wire.media_parts import Fetch, anthropic_block
 from tallow.wire.request import Limits, Parsed
 
 FIELDS = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
@@ -47,7 +47,7 @@ def _text_blocks(value: Any, where: str) -> str:
     return joined_text(value, where, where, noun="blocks")
 
 
-def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+def messages_of(body: dict[str, Any], fetch: Fetch | None = None) -> list[dict[str, Any]]:
     """Anthropic messages (and system) as tallow's messages."""
     out: list[dict[str, Any]] = []
     if body.get("system") is not None:
@@ -75,7 +75,7 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
             elif kind == "image" and m["role"] == "user":
-                media.append(anthropic_block(b, bw, "messages"))
+                media.append(anthropic_block(b, bw, "messages", fetch))
                 text.append(MARKER)
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
@@ -134,7 +134,7 @@ def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     draft = body.get("draft")
     if draft is not None and draft != "lookup":
         raise APIError("'draft' must be \"lookup\"", param="draft")
-    return Parsed(messages=messages_of(body), prompt=None, max_tokens=min(requested, limits.max_tokens),
+    return Parsed(messages=messages_of(body, limits.fetch), prompt=None, max_tokens=min(requested, limits.max_tokens),
                   stop=stops(body.get("stop_sequences"), "stop_sequences", 16), sampling=sampling(body, limits.seed),
                   stream=flag(body, "stream"), include_usage=True, logprobs=None, json_format=False, schema=None,
                   draft=draft, tools=choice, extra={"thinking": thinking})
@@ -146,7 +146,7 @@ def parse_count(body: dict[str, Any], limits: Limits) -> Parsed:
     _thinking(body, None)
     tools = tool_list(body["tools"], "tools", "anthropic") if body.get("tools") is not None else ()
     choice = tool_choice(tools, body.get("tool_choice"), True, limits.tool_format, "anthropic")
-    return Parsed(messages=messages_of(body), prompt=None, max_tokens=1, stop=(), sampling=sampling({}),
+    return Parsed(messages=messages_of(body, limits.fetch), prompt=None, max_tokens=1, stop=(), sampling=sampling({}),
                   stream=False, include_usage=False, logprobs=None, json_format=False, schema=None, tools=choice)
 
 

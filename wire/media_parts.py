@@ -1,15 +1,19 @@
 """Images in API requests: content parts of each API read into decoded Media (runtime/media.py),
-each standing at a media marker where the part was. Only `data:` URIs and base64 are taken; a
-URL is refused by name (tallow fetches nothing for a request)."""
+each standing at a media marker where the part was. `data:` URIs and base64 are taken; an
+http(s) URL only through a fetcher the server was given (serve --allow-media-urls,
+serve/media_fetch.py), and is refused by name otherwise."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Any, Callable
 
 from tallow.runtime.media import MediaError, decode_image
 from tallow.wire.fields import APIError
+
+# (url, where, param) -> the bytes at the URL, or an APIError
+Fetch = Callable[[str, str, str], bytes]
 
 
 def from_base64(data: Any, where: str, param: str):
@@ -19,48 +23,76 @@ def from_base64(data: Any, where: str, param: str):
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise APIError(f"{where} is not valid base64", param=param) from None
+    return _decoded(raw, where, param)
+
+
+def _decoded(raw: bytes, where: str, param: str):
     try:
         return decode_image(raw, where)
     except MediaError as exc:
         raise APIError(exc.message, param=param) from None
 
 
-def from_url(url: Any, where: str, param: str):
-    """A `data:image/...;base64,...` URI's image; any other URL is refused."""
+def from_url(url: Any, where: str, param: str, fetch: Fetch | None = None):
+    """A `data:image/...;base64,...` URI's image, or an http(s) URL's through `fetch`."""
     if not isinstance(url, str):
         raise APIError(f"{where} must be a string URL", param=param)
+    if url.startswith(("http://", "https://")):
+        if fetch is None:
+            raise APIError(f"{where}: this server fetches no URL (start it with --allow-media-urls); "
+                           "send the image as a data: URI", param=param)
+        return _decoded(fetch(url, where, param), where, param)
     head, comma, data = url.partition(",")
     if not url.startswith("data:"):
-        raise APIError(f"{where}: only data: URIs are taken (tallow fetches no URL for a request)", param=param)
+        raise APIError(f"{where}: only data: and http(s) URLs are taken", param=param)
     if not comma or not head.endswith(";base64"):
         raise APIError(f"{where}: a data: URI must be base64 (data:image/png;base64,...)", param=param)
     return from_base64(data, where, param)
 
 
-def openai_part(part: dict, where: str, param: str):
+def reader(read: Callable[..., Any], fetch: Fetch | None) -> Callable[[dict, str, str], Any]:
+    """A media reader for fields.joined_text, fetching URLs through `fetch` (None: refused)."""
+    return lambda part, where, param: read(part, where, param, fetch)
+
+
+def openai_part(part: dict, where: str, param: str, fetch: Fetch | None = None):
     """Chat Completions' image_url part (Responses' input_image too); None for other kinds."""
     kind = part.get("type")
     if kind == "image_url":
         ref = part.get("image_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
-        if isinstance(ref, dict) and ref.get("detail") not in (None, "auto", "low", "high"):
-            raise APIError(f"{where}.image_url.detail must be auto, low or high", param=param)
-        return from_url(url, f"{where}.image_url.url", param)
+        _check_detail(ref.get("detail") if isinstance(ref, dict) else None, f"{where}.image_url.detail", param)
+        return from_url(url, f"{where}.image_url.url", param, fetch)
     if kind == "input_image":
         if part.get("file_id") is not None:
             raise APIError(f"{where}.file_id: files are not supported; send image_url as a data: URI", param=param)
-        return from_url(part.get("image_url"), f"{where}.image_url", param)
+        _check_detail(part.get("detail"), f"{where}.detail", param)
+        return from_url(part.get("image_url"), f"{where}.image_url", param, fetch)
     return None
 
 
-def anthropic_block(block: dict, where: str, param: str):
-    """Messages' image block (base64 source); None for other kinds."""
+def _check_detail(detail: Any, where: str, param: str) -> None:
+    """The projector decides an image's resolution: "auto" is all tallow can honour."""
+    if detail not in (None, "auto"):
+        raise APIError(f"{where} {detail!r} is not supported: the projector sees every image at its own "
+                       "resolution (use auto)", param=param)
+
+
+def anthropic_block(block: dict, where: str, param: str, fetch: Fetch | None = None):
+    """Messages' image block (a base64 or url source); None for other kinds."""
     if block.get("type") != "image":
         return None
     source = block.get("source")
-    if not isinstance(source, dict) or source.get("type") != "base64":
-        kind = source.get("type") if isinstance(source, dict) else None
-        raise APIError(f"{where}.source: only base64 images are taken, not {kind!r}", param=param)
+    if not isinstance(source, dict):
+        raise APIError(f"{where}.source must be an object", param=param)
+    kind = source.get("type")
+    if kind == "url":
+        url = source.get("url")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise APIError(f"{where}.source.url must be an http(s) URL", param=param)
+        return from_url(url, f"{where}.source.url", param, fetch)
+    if kind != "base64":
+        raise APIError(f"{where}.source: only base64 and url images are taken, not {kind!r}", param=param)
     return from_base64(source.get("data"), f"{where}.source.data", param)
 
 

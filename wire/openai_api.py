@@ -29,7 +29,7 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
-from tallow.wire.media_parts import openai_part
+from tallow.wire.media_parts import Fetch, openai_part, reader
 from tallow.wire.request import Limits, Parsed
 
 SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -119,7 +119,7 @@ def _calls(m: dict, i: int) -> list[dict[str, Any]]:
     return out
 
 
-def chat_messages(messages: Any) -> list[dict[str, Any]]:
+def chat_messages(messages: Any, fetch: Fetch | None = None) -> list[dict[str, Any]]:
     """OpenAI chat messages in tallow's form: role, content text, and for the assistant its
     calls, for a tool result the call it answers."""
     if not isinstance(messages, list) or not messages:
@@ -132,7 +132,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
         role = "system" if m["role"] == "developer" else m["role"]
         found: list = []
         msg: dict[str, Any] = {"role": role, "content": joined_text(m.get("content"), f"messages[{i}].content", "messages",
-                                                                    media=openai_part if role == "user" else None,
+                                                                    media=reader(openai_part, fetch) if role == "user" else None,
                                                                     found=found)}
         if found:
             msg["media"] = found
@@ -152,7 +152,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
 
 def parse_chat(body: dict, limits: Limits) -> Parsed:
     check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
-    clean = chat_messages(body.get("messages"))
+    clean = chat_messages(body.get("messages"), limits.fetch)
     logprobs = None
     if flag(body, "logprobs"):
         logprobs = number(body, "top_logprobs", 0, 20, 0, integer=True)
@@ -227,7 +227,10 @@ def usage(final: FinalEvent) -> dict[str, Any]:
            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
     if u.reasoning_tokens:
         out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
-    # tallow's extensions: where the cached tokens came from, and what drafting achieved
+    # tallow's extensions: the prompt tokens images stand for, where the cached tokens came
+    # from, and what drafting achieved
+    if u.media_tokens:
+        out["media_tokens"] = u.media_tokens
     if u.cache_source:
         out["cache_source"] = u.cache_source
     if u.draft_tokens:

@@ -5,7 +5,7 @@ fields and `to_request` (wire/openai_api.py) turns into the engine's Request."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from tallow.runtime.grammar import Schema
 from tallow.runtime.tools.choice import ToolChoice
@@ -23,6 +23,7 @@ class Limits:
     n_vocab: int = 0  # token ids run from 0 to n_vocab - 1
     tool_format: str = "generic"  # the model's tool-call format family (or --tool-format)
     fingerprint: str = ""  # system_fingerprint: tallow's version, the model's digest, the deterministic flag
+    fetch: Callable[[str, str, str], bytes] | None = None  # media URLs (serve --allow-media-urls); None: refused
 
     def names(self) -> set[str]:
         base = self.model.removesuffix(":latest")

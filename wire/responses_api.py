@@ -30,6 +30,7 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
+from tallow.wire.media_parts import Fetch, openai_part, reader
 from tallow.wire.request import Limits, Parsed
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
@@ -41,11 +42,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def _text_of(content: Any, where: str) -> str:
-    return joined_text(content, where, "input", ("input_text", "output_text", "text"))
+def _text_of(content: Any, where: str, found: list | None = None, fetch: Fetch | None = None) -> str:
+    """A content's text; with `found`, its input_image parts become media markers (a user's)."""
+    return joined_text(content, where, "input", ("input_text", "output_text", "text"),
+                       media=reader(openai_part, fetch) if found is not None else None, found=found)
 
 
-def input_messages(items: Any, earlier: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+def input_messages(items: Any, earlier: Sequence[dict[str, Any]] = (), fetch: Fetch | None = None) -> list[dict[str, Any]]:
     """Responses input items as tallow's messages (wire/openai_api.py's form); `earlier`, the
     conversation they continue, names the calls its results answer."""
     if isinstance(items, str):
@@ -63,8 +66,10 @@ def input_messages(items: Any, earlier: Sequence[dict[str, Any]] = ()) -> list[d
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise APIError(f"'{where}.role' must be user, system, developer or assistant", param="input")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _text_of(item.get("content", ""), f"{where}.content")})
+            found: list | None = [] if role == "user" else None
+            msg = {"role": "system" if role == "developer" else role,
+                   "content": _text_of(item.get("content", ""), f"{where}.content", found, fetch)}
+            out.append({**msg, "media": found} if found else msg)
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise APIError(f"'{where}' (a function_call) needs call_id, name and arguments", param="input")
@@ -94,7 +99,7 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
     check_fields(body, FIELDS, "/v1/responses")
     limits.check_model(body.get("model"))
     instructions = text_field(body, "instructions")
-    messages = (previous or []) + input_messages(body.get("input"), previous or [])
+    messages = (previous or []) + input_messages(body.get("input"), previous or [], limits.fetch)
     if instructions:
         messages = [{"role": "system", "content": instructions}] + messages
     tools = tool_list(body["tools"], "tools", "responses") if body.get("tools") is not None else ()
@@ -153,9 +158,12 @@ def _text_format(text: Any) -> tuple[bool, Schema | None]:
 
 def usage(final: FinalEvent) -> dict[str, Any]:
     u = final.usage
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-            "total_tokens": (u.prompt_tokens or 0) + u.completion_tokens}
+    out = {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+           "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+           "total_tokens": (u.prompt_tokens or 0) + u.completion_tokens}
+    if u.media_tokens:  # tallow's extension: the input tokens images stand for
+        out["media_tokens"] = u.media_tokens
+    return out
 
 
 class Shaper:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -28,6 +29,7 @@ def batch(
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
+    mmproj: o.Mmproj = None,
     tool_format: o.ToolFormat = "auto",
     no_cache: o.NoCache = False,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Take the error records out of the output and run those requests again."),
@@ -61,7 +63,7 @@ def batch(
         o.refuse_local({"--deterministic": deterministic, "--kv-unified": kv_unified, "--ctx": ctx is not None,
                         "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None,
-                        "--tool-format": tool_format != "auto", "--no-cache": no_cache})
+                        "--tool-format": tool_format != "auto", "--no-cache": no_cache, "--mmproj": mmproj is not None})
     for flag, used in (("--retries", retries != 6), ("--affinity-chars", affinity_chars != 512)):
         if used and not remote:
             raise typer.BadParameter("this spreads requests over servers: give --endpoint", param_hint=flag)
@@ -81,8 +83,9 @@ def batch(
             stats = _remote(remote, model, parallel, max_tokens, retries, affinity_chars, input, out, previous, total)
         _report(stats, input, output)
         return
+    load = replace(o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), mmproj=o.checked_mmproj(mmproj))
     with out:
-        name, sched = open_scheduler(model, o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), offline,
+        name, sched = open_scheduler(model, load, offline,
                                      SchedulerSettings(parallel=parallel, deterministic=deterministic,
                                                        kv_unified=kv_unified, max_queue=parallel * 4,
                                                        max_tokens_cap=max_tokens, draft=o.parse_draft(draft)),

@@ -23,7 +23,7 @@ HELP = """commands:
   /system TEXT          set the system prompt
   /set PARAM VALUE      one of: {params}
   /show                 model, settings, context used
-  /image PATH           show the model this image with the next message (needs --mmproj)
+  /image PATH           show the model this image with the next message (needs a projector)
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
   /bye                  leave (or Ctrl-D)
@@ -81,10 +81,8 @@ def chat(
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar)
     load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
-    if load is not None and mmproj is not None:
-        if not mmproj.is_file():
-            raise TallowError(f"no projector file {mmproj}")
-        load = replace(load, mmproj=mmproj)
+    if load is not None:
+        load = replace(load, mmproj=o.checked_mmproj(mmproj))
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),

@@ -96,18 +96,18 @@ def run(
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
-    images = o.read_images(image, mmproj, model)
+    images = o.read_images(image)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
     if images and prompt is None:
         raise typer.BadParameter("an image needs a PROMPT to go with it", param_hint="PROMPT")
     text, document = (None, None) if interactive else (prompt, None) if "-" in (image or ()) else read_prompt(prompt)
     load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn)
-    if load is not None and mmproj is not None:
-        load = replace(load, mmproj=mmproj)
+    if load is not None:
+        load = replace(load, mmproj=o.checked_mmproj(mmproj))
     if load is not None and text is not None:
         load = o.one_shot(load, text, max_tokens, draft is not None)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
-                               allow_logprobs=True)
+                               allow_logprobs=True, projector="needed" if images else "if-stored" if interactive else "no")
     with engine:
         if interactive:
             from tallow.cli.commands.chat import repl

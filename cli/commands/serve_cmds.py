@@ -41,6 +41,7 @@ def serve(
     draft: o.Draft = None,
     no_cache: o.NoCache = False,
     mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The projector (mmproj GGUF) of the one MODEL: requests may then hold images.", show_default=False),
+    allow_media_urls: bool = typer.Option(False, "--allow-media-urls", help="Fetch http(s) image URLs that requests name (10 s, 20 MB each): the server then requests any address a client gives it."),
     alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one; it names the first MODEL.", show_default=False),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
     default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
@@ -75,6 +76,8 @@ def serve(
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
     o.parse_draft(draft)
+    if allow_media_urls and (offline or settings.offline()):
+        raise typer.BadParameter("fetching URLs needs the network, and offline mode is on", param_hint="--allow-media-urls")
     if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
         raise typer.BadParameter("names no projector file" if len(models or []) == 1 else
                                  "a projector goes with exactly one MODEL", param_hint="--mmproj")
@@ -93,7 +96,7 @@ def serve(
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
                             tool_format=forced_format, history=history,
-                            mmproj=str(mmproj.resolve()) if mmproj is not None else None)
+                            mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls)
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
@@ -155,6 +158,8 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
                 offline: bool, aliases: tuple[str, ...]):
     """The runner pool and the registry, with the models named at start found (pulled first
     if they are known but not stored, as `tallow run` does); `_preload` loads them."""
+    from dataclasses import replace
+
     from tallow.cli.models import find_model, pull_options, store
     from tallow.models.memory import available_memory
     from tallow.models.refs import PathRef, parse_ref
@@ -172,12 +177,13 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
         raise typer.BadParameter("--alias names the first MODEL: give one", param_hint="--alias")
     if names:
         alias_map["tallow"] = names[0]
-    registry = Registry(st, files, lambda: pull_options(offline), alias_map)
+    registry = Registry(st, files, lambda: pull_options(offline), alias_map,
+                        {names[0]: Path(base.mmproj)} if base.mmproj and names else {})
     for m in per_model:
         registry.find(m)  # a bad name fails at start, not at the first request
 
     def config_for(name: str) -> RunnerConfig:
-        conf = base
+        conf = base if name == (names or [None])[0] else replace(base, mmproj=None)  # --mmproj is the first MODEL's
         for key, opts in per_model.items():
             if registry.find(key).name == name:
                 conf = conf.with_options(opts)
@@ -193,7 +199,7 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
     pool = Pool(PoolSettings(command=[sys.executable, "-m", "tallow.cli", "runner"], args_for=args_for,
                              socket_dir=Path(private), max_models=max_models, budget=budget, keep_alive=keep,
                              model_arg=runner_model),
-                lambda name: _need(registry.find(name).paths, config_for(name)), available_memory, _log)
+                lambda name: _need(registry.find(name), config_for(name)), available_memory, _log)
     return pool, registry, names
 
 
@@ -204,8 +210,8 @@ def _preload(pool, names: list[str]) -> None:
         pool.release(runner)
 
 
-def _need(paths, conf: RunnerConfig):
-    """The fit check's estimate of a load, without loading it."""
+def _need(local, conf: RunnerConfig):
+    """The fit check's estimate of a load (weights, and the projector a runner will load), without loading it."""
     from dataclasses import replace
 
     from tallow.runtime.devices import gpu_free_memory
@@ -213,9 +219,9 @@ def _need(paths, conf: RunnerConfig):
     from tallow.serve.front.pool import Need
 
     load = o.load_settings(conf.ctx, conf.threads, conf.gpu_layers, conf.flash_attn)
-    load = replace(load, n_seq_max=conf.parallel)
+    load = replace(load, n_seq_max=conf.parallel, mmproj=local.mmproj)
     vram = gpu_free_memory()
-    plan = plan_memory(paths, load, offload_supported=vram is not None, vram=vram)
+    plan = plan_memory(local.paths, load, offload_supported=vram is not None, vram=vram)
     return Need(plan.estimate.ram, plan.estimate.vram, plan.problem.message if plan.problem else None)
 
 

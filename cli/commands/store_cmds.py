@@ -12,10 +12,11 @@ from typing import Any, Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli.models import pull_options, pull_with_progress, store, verify_model
+from tallow.cli.models import pull_options, pull_with_progress, store, verify_model, verify_projector
 from tallow.cli.render import err_console, fetch_progress, human_bytes, human_count, out_console
 from tallow.common.errors import TallowError
 from tallow.models.gguf_file import read_gguf
+from tallow.models.projector import ProjectorFacts
 from tallow.models.refs import PathRef, parse_ref
 
 
@@ -26,17 +27,22 @@ def _print_json(data) -> None:
 def pull(
     ref: str = typer.Argument(..., help="ORG/REPO[:QUANT], hf.co/ORG/REPO[:QUANT], ORG/REPO/FILE.gguf, or a short name.", show_default=False, autocompletion=o.complete_model),
     force: bool = typer.Option(False, "--force", help="Download even if the model cannot fit in memory."),
+    mmproj: Optional[str] = typer.Option(None, "--mmproj", help="Which of the repository's projectors to fetch: a file name or a precision (F16, Q8_0) [default: the weights' precision, else F16].", show_default=False),
+    no_mmproj: bool = typer.Option(False, "--no-mmproj", help="Fetch the weights without the repository's projector."),
     offline: o.Offline = False,
 ) -> None:
     """Download a model into the store.
 
-    Resumable, and verified against the source's sha256.
+    Resumable, and verified against the source's sha256. A repository with a projector
+    (mmproj-*.gguf, for images) gives it too.
 
     Example: tallow pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
     """
     parsed = parse_ref(ref)
     if isinstance(parsed, PathRef):
         raise typer.BadParameter("that is a local file: register it with `tallow import PATH`", param_hint="REF")
+    if mmproj is not None and no_mmproj:
+        raise typer.BadParameter("--mmproj chooses a projector and --no-mmproj refuses them: give one", param_hint="--mmproj")
     from tallow.models.resolve import LocalModel, locate
 
     st = store()
@@ -44,8 +50,9 @@ def pull(
     if isinstance(found, LocalModel):
         err_console().print(f"{found.name} is already stored", soft_wrap=True)
         return
-    manifest = pull_with_progress(found, st, pull_options(offline, force))
-    err_console().print(f"pulled {manifest.name} ({human_bytes(manifest.size)})", soft_wrap=True)
+    manifest = pull_with_progress(found, st, pull_options(offline, force, mmproj, no_mmproj))
+    extra = f", with its projector {manifest.projector.path}" if manifest.projector else ""
+    err_console().print(f"pulled {manifest.name} ({human_bytes(manifest.size)}{extra})", soft_wrap=True)
 
 
 def list_models(as_json: o.JsonList = False) -> None:
@@ -64,7 +71,8 @@ def list_models(as_json: o.JsonList = False) -> None:
             "parameters": m.gguf.get("parameters"),
             "context_length": m.gguf.get("context_length"),
             "modified": datetime.fromtimestamp(m.created or path.stat().st_mtime).isoformat(timespec="seconds"),
-            "linked": any(f.linked for f in m.files),
+            "linked": any(f.linked for f in m.stored_files),
+            "media": ProjectorFacts.from_json(m.projector_facts).capabilities if m.projector else [],
         })
     for line in problems:
         err_console().print(f"warning: unreadable manifest {line}", soft_wrap=True)
@@ -77,7 +85,8 @@ def list_models(as_json: o.JsonList = False) -> None:
     for col in ("NAME", "QUANT", "SIZE", "PARAMS", "CONTEXT", "MODIFIED"):
         table.add_column(col, no_wrap=True)
     for r in rows:
-        table.add_row(r["name"] + (" (linked)" if r["linked"] else ""), r["quantization"] or "-", human_bytes(r["size"]),
+        marks = r["media"] + (["linked"] if r["linked"] else [])
+        table.add_row(r["name"] + (f" ({', '.join(marks)})" if marks else ""), r["quantization"] or "-", human_bytes(r["size"]),
                       human_count(r["parameters"]), str(r["context_length"] or "-"), r["modified"].replace("T", " "))
     out_console().print(table)
 
@@ -147,6 +156,7 @@ def show(
         "pooling": _pooling(info.metadata),
         "embedding_length": info.metadata.get(f"{info.architecture}.embedding_length"),
     }
+    data.update(_projector_part(found, manifest, "embedding" if data["pooling"] else "completion"))
     if as_json:
         _print_json(data)
         return
@@ -156,12 +166,14 @@ def show(
 def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int | None = None) -> None:
     """The estimate a load would make, and whether it fits here; nothing is loaded. With a
     GPU (this machine's, or one `vram` describes) the offloaded layers' share is split off."""
+    from dataclasses import replace
+
     from tallow.runtime.devices import gpu_free_memory
     from tallow.runtime.loadplan import plan_memory
 
     vram = vram if vram is not None else gpu_free_memory()
-    plan = plan_memory(found.paths, o.load_settings(ctx, None, gpu_layers, "auto"), offload_supported=vram is not None,
-                       vram=vram)
+    load = replace(o.load_settings(ctx, None, gpu_layers, "auto"), mmproj=found.mmproj)
+    plan = plan_memory(found.paths, load, offload_supported=vram is not None, vram=vram)
     est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
     data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None,
             "flash_attn": plan.flash_attn, "extra_buffers": plan.extra_buffers}
@@ -176,8 +188,9 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int 
     gpu = f", {est.gpu_layers} layers on the GPU" if est.gpu_layers else ""
     out.write(f"{found.name} at context {est.n_ctx} (flash attention {plan.flash_attn}, "
               f"repacked weights {'on' if plan.extra_buffers else 'off'}{gpu})\n")
-    for label, key in (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"),
-                       ("output", "output"), ("total", "total")):
+    rows = (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"), ("output", "output"),
+            *((("projector", "projector"),) if est.projector else ()), ("total", "total"))
+    for label, key in rows:
         out.write(f"  {label:<10}{human_bytes(data[key]):>10}\n")
     if est.vram:
         out.write(f"  {'in RAM':<10}{human_bytes(est.ram):>10}\n  {'on GPU':<10}{human_bytes(est.vram):>10}"
@@ -188,6 +201,17 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int 
         out.write(f"  note: {note}\n")
 
 
+def _projector_part(found, manifest, kind: str) -> dict:
+    """show's capabilities and projector: what the model can take, and through which file."""
+    if found.mmproj is None or manifest is None or manifest.projector is None:
+        return {"capabilities": [kind], "projector": None}
+    facts = ProjectorFacts.from_json(manifest.projector_facts)
+    return {"capabilities": [kind, *facts.capabilities],
+            "projector": {"file": str(found.mmproj), "name": manifest.projector.path, "type": ", ".join(facts.types),
+                          "size": manifest.projector.size, "parameters": facts.parameters,
+                          "file_type": facts.file_type, "width": facts.width}}
+
+
 def _render_show(d: dict) -> None:
     out = sys.stdout
     out.write(f"{d['name']}\n")
@@ -195,8 +219,13 @@ def _render_show(d: dict) -> None:
                          ("quantization", d["file_type"]), ("context length", d["context_length"]),
                          ("size", human_bytes(d["size"])), ("license", d["license"] or "-"),
                          ("source", ", ".join(f"{k}={v}" for k, v in d["source"].items() if k != "files")),
-                         ("chat template", "yes (tallow show --template)" if d["has_chat_template"] else "none")):
+                         ("chat template", "yes (tallow show --template)" if d["has_chat_template"] else "none"),
+                         ("capabilities", ", ".join(d["capabilities"]))):
         out.write(f"  {label:<15}{value}\n")
+    if d["projector"]:
+        p = d["projector"]
+        out.write(f"  {'projector':<15}{p['name']} ({p['type']}, {p['file_type'] or '?'}, {human_count(p['parameters'])} "
+                  f"parameters, {human_bytes(p['size'])})\n")
     if d["pooling"]:
         kind = "a reranker: /v1/rerank" if d["pooling"] == "rank" else "tallow embed, /v1/embeddings"
         out.write(f"  {'embeddings':<15}{d['embedding_length']} dimensions, {d['pooling']} pooling ({kind})\n")
@@ -204,7 +233,7 @@ def _render_show(d: dict) -> None:
     for name, t in d["tensor_types"].items():
         out.write(f"    {name:<8} {t['tensors']:>5} tensors  {human_bytes(t['bytes']):>10}\n")
     out.write("  files\n")
-    for f in d["files"]:
+    for f in d["files"] + ([d["projector"]["file"]] if d["projector"] else []):
         out.write(f"    {f}\n")
 
 
@@ -240,7 +269,8 @@ def import_model(
     path: Path = typer.Argument(..., help="A local .gguf file, or a Hugging Face BERT model: folder, zip or wheel.",
                                 show_default=False),
     name: Optional[str] = typer.Option(None, "--name", help="The name to store it under [default: from the file name].", show_default=False),
-    link: bool = typer.Option(False, "--link", help="Use the file in place instead of copying it into the store."),
+    link: bool = typer.Option(False, "--link", help="Use the file (and projector) in place instead of copying it into the store."),
+    mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The model's projector (an mmproj GGUF), stored with it: then it takes images.", show_default=False),
     type_: Optional[str] = typer.Option(None, "--type", help="Converting: f16 or f32 weights [default: f16].",
                                         show_default=False),
 ) -> None:
@@ -261,6 +291,10 @@ def import_model(
     if not convert and type_ is not None:
         raise TallowError("--type applies to a converted model; a .gguf file is stored as it is",
                           "use tallow quantize to change a GGUF's type")
+    if convert and mmproj is not None:
+        raise TallowError("--mmproj goes with a .gguf model; a converted embedding model takes no images")
+    if mmproj is not None and not mmproj.is_file():
+        raise typer.BadParameter(f"no projector file {mmproj}", param_hint="--mmproj")
     if type_ is not None and type_ not in ("f16", "f32"):
         raise TallowError(f"--type must be f16 or f32, not {type_!r}")
     with fetch_progress(path.name, verb="converting" if convert else "importing") as progress:
@@ -271,9 +305,11 @@ def import_model(
             manifest = import_converted(path, st, name or default_name(Path(stem)), type_ or "f16", progress,
                                         verify=verify_model)
         else:
-            manifest = import_file(path, st, name or default_name(path), link, progress, verify=verify_model)
+            manifest = import_file(path, st, name or default_name(path), link, progress, verify=verify_model,
+                                   mmproj=mmproj, verify_projector=verify_projector)
     how = "converted" if convert else "linked" if link else "copied"
-    err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how})", soft_wrap=True)
+    extra = f", with the projector {manifest.projector.path}" if manifest.projector else ""
+    err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how}{extra})", soft_wrap=True)
 
 
 def _pooling(metadata) -> str | None:

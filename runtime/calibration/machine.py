@@ -161,17 +161,22 @@ def _child(workdir: Path, extra_buffers: bool, opts: ProbeOptions, fault: str | 
     return result, (f"the probe {why}" if why else "")
 
 
-def check_loadable(paths: list[Path], timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def check_loadable(paths: list[Path], timeout_s: float = PROBE_TIMEOUT_S, mmproj: Path | None = None) -> None:
     """Let llama.cpp itself read a model's metadata and plan its buffers, allocating no
-    weights, in a child process (a crash there costs nothing); raise with its reason."""
+    weights, in a child process (a crash there costs nothing); raise with its reason. With
+    `mmproj`, libmtmd loads that projector for the model too."""
     from tallow.runtime.errors import BackendError
 
     name = Path(paths[0]).name
     hint = "the file is damaged, or made for a newer llama.cpp than this build"
-    result, why = run_child({"task": "check", "paths": [str(p) for p in paths]}, timeout_s)
+    task = {"task": "check", "paths": [str(p) for p in paths], **({"mmproj": str(mmproj)} if mmproj else {})}
+    result, why = run_child(task, timeout_s)
     if result is None:
-        raise BackendError(f"llama.cpp could not read {name}: its check {why}", hint)
+        raise BackendError(f"llama.cpp could not read {name}" + (f" with {Path(mmproj).name}" if mmproj else "")
+                           + f": its check {why}", hint)
     if not result.get("ok"):
+        if result.get("part") == "projector":
+            raise BackendError(str(result.get("error")), "use the projector from the model's own repository")
         raise BackendError(f"llama.cpp cannot load {name}: {result.get('error')}", hint)
 
 

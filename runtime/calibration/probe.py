@@ -98,7 +98,8 @@ def calibrate(args: dict) -> dict:
 
 
 def check(args: dict) -> dict:
-    """llama.cpp's verdict on a model file, without allocating its weights."""
+    """llama.cpp's verdict on a model file, without allocating its weights; with "mmproj",
+    libmtmd's on the projector bound to that model (it loads the projector's weights)."""
     from tallow.runtime import backend
     from tallow.runtime.errors import BackendError
 
@@ -109,7 +110,17 @@ def check(args: dict) -> dict:
         reason = backend.last_log_error() or exc.message
         reason = " ".join(reason.replace("llama_model_load: error loading model:", "").split())
         return {"ok": False, "error": reason}
-    model.close()
+    try:
+        if args.get("mmproj"):
+            from tallow.runtime.backend.media import Projector
+            from tallow.runtime.media import MARKER
+
+            try:
+                Projector(model, Path(args["mmproj"]), 1, MARKER).close()
+            except BackendError as exc:
+                return {"ok": False, "error": " ".join(exc.message.split()), "part": "projector"}
+    finally:
+        model.close()
     return {"ok": True}
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.models.bert_import import pooling_name
 from tallow.models.gguf_file import read_gguf
 from tallow.models.names import parse_name
+from tallow.models.projector import read_projector
 from tallow.models.resolve import LocalModel, locate
 from tallow.models.store import Store
 from tallow.wire.fields import APIError
@@ -30,11 +32,16 @@ class Registry:
     files: dict[str, LocalModel] = field(default_factory=dict)  # loose files served by their file name
     pull_options: Callable[[], Any] | None = None  # models.pull.PullOptions for /api/pull (None: refused)
     aliases: dict[str, str] = field(default_factory=dict)  # more names (--alias, "tallow") -> a model's name
+    projectors: dict[str, Path] = field(default_factory=dict)  # serve --mmproj: a model's name -> its projector
 
     def find(self, text: Any) -> LocalModel:
         """The model a request names, or a 404 naming it."""
         if not isinstance(text, str) or not text:
             raise APIError("'model' must name a model", 400, "model")
+        found = self._find(text)
+        return replace(found, mmproj=self.projectors[found.name]) if found.name in self.projectors else found
+
+    def _find(self, text: str) -> LocalModel:
         for key in (text, text.removesuffix(":latest")):
             if key in self.files:
                 return self.files[key]
@@ -85,6 +92,8 @@ class Registry:
             caps.append("tools")
         if isinstance(template, str) and "<think>" in template:
             caps.append("thinking")
+        if local.mmproj is not None:
+            caps += read_projector(local.mmproj).capabilities
         return {"license": meta.get("general.license") or "", "modelfile": "", "parameters": "",
                 "template": template if isinstance(template, str) else "", "details": self.details(local),
                 "model_info": model_info, "capabilities": caps,

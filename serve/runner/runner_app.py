@@ -29,6 +29,7 @@ from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
+from tallow.serve.media_fetch import fetch_media
 from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
@@ -52,7 +53,8 @@ class RunnerApp:
         engine = self.engine
         self.limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
                              default_max_tokens=cfg.default_max_tokens, seed=cfg.seed, n_vocab=engine.model.n_vocab,
-                             tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint)
+                             tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint,
+                             fetch=fetch_media if cfg.media_urls else None)
         self.loaded = ollama_api.Loaded(capacity=sched.capacity, threads=engine.n_threads,
                                         gpu_layers=engine.gpu_layers)
         self.fault = _fault(cfg.fault_after_tokens) if cfg.fault_after_tokens else None
@@ -113,9 +115,15 @@ class RunnerApp:
         finally:
             handle.cancel()  # no effect once finished; frees the slot if the client went away
 
+    @staticmethod
+    async def parse(parse, *args):
+        """A request parsed off the event loop: decoding an image (or fetching one) takes long
+        enough to stall every stream this runner is sending."""
+        return await run_in_threadpool(parse, *args)
+
     async def chat_completions(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
-        parsed = parse_chat(body, self.limits)
+        parsed = await self.parse(parse_chat, body, self.limits)
         adapter = ChatAdapter(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
         return await self.answer(request, parsed, size, adapter)
 
@@ -129,7 +137,7 @@ class RunnerApp:
         body, size = await self.body_of(request)
         prev = body.get("previous_response_id")
         previous = self.store.get(prev, "previous_response_id")[1] if prev is not None else None
-        parsed = responses_api.parse(body, self.limits, previous)
+        parsed = await self.parse(responses_api.parse, body, self.limits, previous)
         cfg, store = self.cfg, self.store
 
         def keep(a: ResponsesAdapter) -> None:
@@ -140,19 +148,20 @@ class RunnerApp:
 
     async def messages(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
-        parsed = anthropic_api.parse(body, self.limits)
+        parsed = await self.parse(anthropic_api.parse, body, self.limits)
         return await self.answer(request, parsed, size, MessagesAdapter(parsed, self.cfg.model))
 
     async def count_tokens(self, request: HTTPRequest) -> Response:
         body, _ = await self.body_of(request)
-        parsed = anthropic_api.parse_count(body, self.limits)
+        parsed = await self.parse(anthropic_api.parse_count, body, self.limits)
         req = await run_in_threadpool(to_request, self.engine, parsed)
         return JSONResponse({"input_tokens": len(req.prompt_tokens)})
 
     async def ollama(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
         chat = request.url.path == "/api/chat"
-        parsed = (ollama_api.parse_chat if chat else ollama_api.parse_generate)(body, self.limits, self.loaded)
+        parsed = await self.parse(ollama_api.parse_chat if chat else ollama_api.parse_generate, body, self.limits,
+                                  self.loaded)
         load_ms = float(request.headers.get("x-tallow-load-ms") or 0)  # set by the server that started this runner
         adapter = OllamaAdapter(parsed, self.cfg.model, self.engine.model.piece, load_ms)
         return await self.answer(request, parsed, size, adapter)

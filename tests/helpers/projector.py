@@ -50,9 +50,12 @@ def word_embeddings(model: Path, words: list[str]) -> tuple[int, dict[str, np.nd
 
 
 def write_colour_projector(path: Path, model: Path, colours: dict[str, tuple[int, int, int]] | None = None,
-                           image_size: int = 2 * PATCH, n_embd: int | None = None) -> Path:
+                           image_size: int = 2 * PATCH, n_embd: int | None = None, projector_type: str = "mlp",
+                           name: str = "colour projector") -> Path:
     """An mlp projector for `model` that maps each pure colour to its word's embedding.
-    `n_embd` overrides the output width (a projector that does not fit its model)."""
+    `n_embd` overrides the output width (a projector that does not fit its model), and
+    `projector_type` the type it declares (one libmtmd does not know, say); `name` changes
+    the bytes, not the behaviour."""
     import gguf
 
     colours = colours or COLOURS
@@ -72,8 +75,8 @@ def write_colour_projector(path: Path, model: Path, colours: dict[str, tuple[int
     n_patches = (image_size // PATCH) ** 2
 
     w = gguf.GGUFWriter(str(path), "clip")
-    w.add_string("general.name", "colour projector")
-    w.add_string("clip.projector_type", "mlp")
+    w.add_string("general.name", name)
+    w.add_string("clip.projector_type", projector_type)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
     for key, value in {"embedding_length": n_v, "feed_forward_length": n_v, "block_count": 1,

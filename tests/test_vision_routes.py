@@ -1,0 +1,77 @@
+"""Images on every route, through a model stored with its projector: the same greedy answer
+from run, chat, serve and batch, and a second process that finds the picture's cells in the
+disk prompt cache instead of encoding it again."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from helpers.processes import run_tallow
+from helpers.projector import solid_png, write_colour_projector
+from helpers.server import Server
+
+pytestmark = pytest.mark.slow
+QUESTION = "What colour is this image? Answer with one word."
+SYSTEM = "You look at pictures and name their colour. " + "Colours are words. " * 70  # > 256 tokens: saved on disk
+MODEL = "vlm"
+
+
+@pytest.fixture(scope="module")
+def vision_home(default_model, tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("vision-routes")
+    proj = write_colour_projector(folder / "colour-mmproj.gguf", default_model)
+    home = folder / "home"
+    r = run_tallow(["import", str(default_model), "--name", MODEL, "--link", "--mmproj", str(proj)], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    return home, solid_png(folder / "red.png", (255, 0, 0))
+
+
+def _run(home: Path, picture: Path, *extra: str) -> dict:
+    r = run_tallow(["run", MODEL, QUESTION, "--image", str(picture), "--system", SYSTEM, "--temperature", "0",
+                    "--max-tokens", "12", "--json", *extra], home=home, env={"TALLOW_NO_LOG": "1"})
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
+def test_the_same_image_question_gives_the_same_answer_on_every_route(vision_home, tmp_path):
+    home, picture = vision_home
+    by_run = _run(home, picture, "--no-cache")["text"]
+    assert "red" in by_run.lower()
+
+    uri = "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": uri}}, {"type": "text", "text": "\n" + QUESTION}]}]  # as run places it
+    server = Server(MODEL, home, "--no-cache")
+    try:
+        answer = server.client().chat.completions.create(model=MODEL, temperature=0, max_tokens=12, messages=messages)
+    finally:
+        server.close()
+    assert answer.choices[0].message.content == by_run
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "q", "temperature": 0, "max_tokens": 12,
+                                                   "messages": messages}) + "\n")
+    r = run_tallow(["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--model", MODEL,
+                    "--no-cache"], home=home, env={"TALLOW_NO_LOG": "1"})
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads((tmp_path / "out.jsonl").read_text())["text"] == by_run
+
+    script = f"/image {picture}\n{QUESTION}\n/bye\n".encode()
+    r = run_tallow(["chat", MODEL, "--system", SYSTEM, "--temperature", "0", "--max-tokens", "12", "--no-log",
+                    "--no-cache"], home=home, input=script)
+    assert r.returncode == 0, r.stderr.decode()
+    assert by_run.strip() in r.stdout.decode()
+
+
+def test_a_second_process_finds_the_picture_in_the_disk_cache(vision_home):
+    home, picture = vision_home
+    first = _run(home, picture)
+    second = _run(home, picture)
+    assert second["text"] == first["text"]
+    assert first["usage"]["media_tokens"] == second["usage"]["media_tokens"] == 4
+    assert second["usage"]["cache_source"] == "disk"
+    # every prompt token but the last came from disk, the picture's four included: no encode
+    assert second["usage"]["cached_tokens"] == second["usage"]["prompt_tokens"] - 1
+    assert first["timings"]["media_ms"] > 0 and not second["timings"].get("media_ms")
