@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tallow.cli import settings
@@ -96,34 +97,43 @@ def attach_cache(engine, local) -> None:
 
 def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, disk_cache: bool = True,
                 format_: str | None = None, schema=None, allow_logprobs: bool = False,
-                projector: str = "if-stored") -> tuple[str, Generating]:
+                projector: str = "if-stored", media: set[str] | None = None) -> tuple[str, Generating]:
     """(the name, what answers) for run and chat: the server given with --endpoint
     (`remote`: the parsed endpoints), or the stored model loaded with `load` (None: the
-    defaults of LoadSettings); `projector` as in with_projector."""
+    defaults of LoadSettings); `projector` and `media` as in with_projector."""
     if remote:
         return model, remote_engine(remote[0], model, format_, schema, allow_logprobs)
     if load is None:
         from tallow.runtime.types import LoadSettings
 
         load = LoadSettings()
-    return open_model(model, load, offline=offline, disk_cache=disk_cache, projector=projector)
+    return open_model(model, load, offline=offline, disk_cache=disk_cache, projector=projector, media=media)
 
 
-def with_projector(local, load: LoadSettings, projector: str, what: str = "images") -> LoadSettings:
+def with_projector(local, load: LoadSettings, projector: str, media: set[str] | None = None) -> LoadSettings:
     """The load with the model's projector: --mmproj, else the stored one. `projector`:
-    "if-stored" (chat, serve: a request may hold media), "needed" (media were given: a model
-    without one is refused here, before anything loads) or "no" (a text-only run skips
-    loading it)."""
+    "if-stored" (chat, serve: a request may hold media), "needed" (`media`, the kinds given:
+    a model without a projector for them is refused here, before anything loads) or "no" (a
+    text-only run skips loading it)."""
     from dataclasses import replace
 
+    from tallow.models.projector import read_projector
     from tallow.runtime.media import MediaError
 
     if projector == "no":
         return replace(load, mmproj=None)
     mmproj = load.mmproj or local.mmproj
+    kinds = media or {"image"}
+    what = "images and audio" if len(kinds) > 1 else "audio" if kinds == {"audio"} else "images"
     if mmproj is None and projector == "needed":
         raise MediaError(f"{local.name} has no projector: it cannot take {what}",
                          "give its projector with --mmproj PATH, or import the model with one (tallow import --mmproj)")
+    if projector == "needed":
+        can = read_projector(mmproj).capabilities
+        for kind, encoder in (("audio", "audio"), ("image", "vision")):
+            if kind in kinds and encoder not in can:
+                raise MediaError(f"{local.name}'s projector {Path(mmproj).name} has no {encoder} encoder: "
+                                 f"it cannot take {'audio' if kind == 'audio' else 'images'}")
     return replace(load, mmproj=mmproj)
 
 
@@ -141,12 +151,12 @@ def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logpr
 
 
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True,
-               projector: str = "if-stored") -> tuple[str, Engine]:
+               projector: str = "if-stored", media: set[str] | None = None) -> tuple[str, Engine]:
     """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
     from tallow.runtime.engine import Engine
 
     local = find_model(text, offline)
-    engine = Engine(local.paths, with_projector(local, load, projector))
+    engine = Engine(local.paths, with_projector(local, load, projector, media))
     _say_fit(engine)
     if disk_cache:
         attach_cache(engine, local)

@@ -45,6 +45,7 @@ Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, hel
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
 Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
+Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the model hear this WAV file (repeatable; '-' reads it from stdin); needs a projector with an audio encoder.", show_default=False)]
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
@@ -93,20 +94,25 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
     return checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
 
 
-def read_images(paths: list[str] | None) -> list:
-    """The --image files, decoded and checked before any model is loaded."""
+def read_media(images: list[str] | None, audio: list[str] | None) -> list:
+    """The --image and --audio files, decoded and checked before any model is loaded; one
+    of them may be '-', read from stdin."""
+    from tallow.runtime.audio import decode_wav
     from tallow.runtime.media import MediaError, decode_image
 
+    given = [(p, "image", decode_image) for p in images or ()] + [(p, "audio", decode_wav) for p in audio or ()]
+    if sum(p == "-" for p, _, _ in given) > 1:
+        raise typer.BadParameter("only one --image or --audio can read stdin ('-')", param_hint="--image")
     out = []
-    for p in paths or ():
+    for p, noun, decode in given:
         if p == "-":
-            out.append(decode_image(sys.stdin.buffer.read(), "the image on stdin"))
+            out.append(decode(sys.stdin.buffer.read(), f"the {noun} on stdin"))
             continue
         try:
             raw = Path(p).read_bytes()
         except OSError as exc:
-            raise MediaError(f"cannot read the image {p}: {exc.strerror or exc}") from None
-        out.append(decode_image(raw, f"the image {p}"))
+            raise MediaError(f"cannot read the {noun} {p}: {exc.strerror or exc}") from None
+        out.append(decode(raw, f"the {noun} {p}"))
     return out
 
 

@@ -103,11 +103,13 @@ def stats_line(final: FinalEvent) -> str:
     u, t = final.usage, final.timings
     cached = "cached: not reported" if u.cached_tokens is None else \
         f"{u.cached_tokens} cached{' from disk' if u.cache_source == 'disk' else ''}"
-    media = f" + image {u.media_tokens} tok" if u.media_tokens else ""
+    images = u.media_tokens - u.audio_tokens
+    media = (f" + image {images} tok" if images else "") + (f" + audio {u.audio_tokens} tok" if u.audio_tokens else "")
+    encode = "media" if images and u.audio_tokens else "audio" if u.audio_tokens else "image"
     parts = [
         f"prompt {(u.prompt_tokens or 0) - u.media_tokens} tok{media} ({cached})" if u.prompt_tokens is not None
         else f"prompt: not reported ({cached})",
-        f"TTFT {t.ttft_ms:.0f} ms" + (f" (image encode {t.media_ms:.1f} ms)" if t.media_ms else ""),
+        f"TTFT {t.ttft_ms:.0f} ms" + (f" ({encode} encode {t.media_ms:.1f} ms)" if t.media_ms else ""),
         f"prefill {t.prefill_tps:.1f} tok/s" if u.prompt_tokens is not None else "prefill: not reported",
         f"output {u.completion_tokens} tok",
         f"decode {t.decode_tps:.1f} tok/s",

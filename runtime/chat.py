@@ -155,11 +155,16 @@ class Conversation:
 
     # -- commands ----------------------------------------------------------------------------
     def attach(self, media) -> None:
-        """Show the model this decoded image with the next message."""
-        if getattr(self.engine, "projector", None) is None:
-            from tallow.runtime.media import MediaError
+        """Show the model this decoded image (or let it hear this audio) with the next message."""
+        from tallow.runtime.media import MediaError
 
-            raise MediaError("this model has no projector: it cannot take images", "start the chat with --mmproj PATH")
+        projector = getattr(self.engine, "projector", None)
+        noun = "audio" if media.kind == "audio" else "images"
+        if projector is None:
+            raise MediaError(f"this model has no projector: it cannot take {noun}", "start the chat with --mmproj PATH")
+        if not (projector.audio if media.kind == "audio" else projector.vision):
+            raise MediaError(f"this model's projector has no {'audio' if media.kind == 'audio' else 'vision'} encoder: "
+                             f"it cannot take {noun}")
         self.pending.append(media)
 
     def clear(self) -> None:

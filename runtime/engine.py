@@ -108,10 +108,9 @@ class Engine:
         from tallow.runtime.media import MARKER, MediaError
 
         projector = Projector(self.model, path, n_threads, MARKER)
-        if projector.mrope or not projector.vision:
+        if projector.mrope:
             projector.close()
-            why = "M-RoPE projectors (the Qwen2-VL family)" if projector.mrope else "audio-only projectors"
-            raise MediaError(f"{path.name}: {why} are not supported yet")
+            raise MediaError(f"{path.name}: M-RoPE projectors (the Qwen2-VL family) are not supported yet")
         return projector
 
     # -- prompts ---------------------------------------------------------------------------
@@ -150,16 +149,28 @@ class Engine:
         return tokens, ()
 
     def _media_prompt(self, text: str, media: list, add_bos: bool):
-        from tallow.runtime.media import MediaError
+        from tallow.runtime.media import MediaError, media_noun
         from tallow.runtime.multimodal import assemble
 
         if self.projector is None:
-            raise MediaError(f"{self.path.name} has no projector: it cannot take images",
+            raise MediaError(f"{self.path.name} has no projector: it cannot take {media_noun(media)}",
                              "give a projector with --mmproj, or use a vision model")
-        pieces = self.projector.tokenize(text, media)
+        pieces = self.projector.tokenize(text, self._for_projector(media))
         first = pieces[0] if pieces and isinstance(pieces[0], list) else []
         bos = self.model.bos if add_bos and not (first and first[0] == self.model.bos) else None
         return assemble(pieces, bos)
+
+    def _for_projector(self, media: list) -> list:
+        """Media the projector can take: audio at its sample rate; a kind it lacks is refused."""
+        from tallow.runtime.audio import resample
+        from tallow.runtime.media import MediaError
+
+        assert self.projector is not None
+        for m in media:
+            if not (self.projector.audio if m.kind == "audio" else self.projector.vision):
+                encoder, what = ("audio", "audio") if m.kind == "audio" else ("vision", "images")
+                raise MediaError(f"{self.path.name}'s projector has no {encoder} encoder: it cannot take {what}")
+        return [resample(m, self.projector.sample_rate) if m.kind == "audio" else m for m in media]
 
     served_at = None  # this machine answers (runtime/protocol.py)
 

@@ -28,12 +28,15 @@ class MediaError(TallowError):
 
 @dataclass(frozen=True)
 class Media:
-    """Decoded media: RGB bytes (width x height x 3); `key` is a hash of them."""
+    """Decoded media: an image's RGB bytes (width x height x 3), or audio's float32 mono
+    samples (width of them, height 1, at `rate` a second: runtime/audio.py); `key` is a hash
+    of them."""
     kind: str
     key: str
     data: bytes
     width: int
     height: int
+    rate: int = 0
 
 
 def decode_image(raw: bytes, name: str = "the image", max_bytes: int = MAX_BYTES,
@@ -88,6 +91,12 @@ def _as_rgb(image):
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, image)
     return image.convert("RGB")
+
+
+def media_noun(media: list[Media]) -> str:
+    """What a list of media is, in a message: images, audio, or images and audio."""
+    kinds = {m.kind for m in media}
+    return "images and audio" if len(kinds) > 1 else "audio" if kinds == {"audio"} else "images"
 
 
 def with_markers(text: str, n: int) -> str:

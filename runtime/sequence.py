@@ -262,6 +262,7 @@ def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, s
         cached = snap(disk.load_longest(seq, prompt, cached, run.usage), request.media)
     seq.keep(cached)
     run.usage.media_tokens = sum(span.n for span in request.media)
+    run.usage.audio_tokens = sum(span.n for span in request.media if span.kind == "audio")
     run.usage.cached_tokens = cached
     run.timings.prefill_tokens = len(prompt) - cached
     s = request.sampling

@@ -86,7 +86,8 @@ class Usage:
     cache_source: str | None = None  # where cached_tokens came from: "memory" or "disk"
     draft_tokens: int = 0  # tokens proposed by speculative decoding
     accepted_tokens: int = 0  # ... of which the model confirmed
-    media_tokens: int = 0  # part of prompt_tokens that images stand for
+    media_tokens: int = 0  # part of prompt_tokens that images and audio stand for
+    audio_tokens: int = 0  # ... of which audio
 
     @property
     def acceptance(self) -> float | None:

@@ -31,12 +31,14 @@ def vision_home(default_model, tmp_path_factory) -> tuple[Path, Path]:
 
 def _run(home: Path, picture: Path, *extra: str) -> dict:
     r = run_tallow(["run", MODEL, QUESTION, "--image", str(picture), "--system", SYSTEM, "--temperature", "0",
-                    "--max-tokens", "12", "--json", *extra], home=home, env={"TALLOW_NO_LOG": "1"})
+                    "--max-tokens", "12", "--json", "--flash-attn", "on", *extra], home=home, env={"TALLOW_NO_LOG": "1"})
     assert r.returncode == 0, r.stderr.decode()
     return json.loads(r.stdout)
 
 
 def test_the_same_image_question_gives_the_same_answer_on_every_route(vision_home, tmp_path):
+    """Flash attention on everywhere (serve and batch turn it on for several sequences; for one,
+    "auto" follows this machine's timings, and its kernel rounds otherwise)."""
     home, picture = vision_home
     by_run = _run(home, picture, "--no-cache")["text"]
     assert "red" in by_run.lower()
@@ -60,7 +62,7 @@ def test_the_same_image_question_gives_the_same_answer_on_every_route(vision_hom
 
     script = f"/image {picture}\n{QUESTION}\n/bye\n".encode()
     r = run_tallow(["chat", MODEL, "--system", SYSTEM, "--temperature", "0", "--max-tokens", "12", "--no-log",
-                    "--no-cache"], home=home, input=script)
+                    "--no-cache", "--flash-attn", "on"], home=home, input=script)
     assert r.returncode == 0, r.stderr.decode()
     assert by_run.strip() in r.stdout.decode()
 

@@ -242,3 +242,16 @@ def test_batch_lines_take_images(default_home, default_model, tmp_path):
     assert "red" in records["red"]["text"].lower() and "blue" in records["blue"]["text"].lower()
     assert records["red"]["usage"]["media_tokens"] == 4
     assert "not valid base64" in records["bad"]["error"]
+
+
+@pytest.mark.parametrize("fmt,message", [("wav", "projector has no audio encoder: it cannot take audio"),
+                                         ("mp3", "format 'mp3' is not supported: send wav")])
+def test_input_audio_parts_are_read_and_refused_by_name(vision_server, fmt, message):
+    import openai
+    from test_audio import tone, wav
+
+    server, _ = vision_server
+    data = base64.b64encode(wav(16000, tone(16000, 440))).decode()
+    with pytest.raises(openai.BadRequestError, match=message):
+        server.client().chat.completions.create(model="smollm2:135m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}, {"type": "text", "text": "hi"}]}])

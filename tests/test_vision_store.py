@@ -171,3 +171,24 @@ def test_pull_refuses_a_mismatched_projector_and_keeps_nothing(fake_hub, default
     assert "the download was deleted" in err
     store = Store(home / "models")
     assert store.get(f"{repo}:Q8_0") is None and not any(store.blobs.iterdir())
+
+
+def test_audio_for_a_projector_without_an_audio_encoder_is_refused_before_loading(default_model, projectors, tmp_path):
+    from test_audio import tone, wav
+
+    home = _home(tmp_path)
+    _ok(run_tallow(["import", str(default_model), "--name", "vlm", "--link", "--mmproj", str(projectors["good"])], home=home))
+    _ok(run_tallow(["import", str(default_model), "--name", "plain", "--link"], home=home))
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(wav(8000, tone(8000, 440)))
+    r = run_tallow(["run", "vlm", "What do you hear?", "--audio", str(clip)], home=home)
+    assert r.returncode == 1
+    assert "vlm:latest's projector colour-mmproj-F16.gguf has no audio encoder: it cannot take audio" in r.stderr.decode()
+    r = run_tallow(["run", "plain", "What do you hear?", "--audio", "-"], home=home, input=clip.read_bytes())
+    assert r.returncode == 1 and "plain:latest has no projector: it cannot take audio" in r.stderr.decode()
+    clip.write_bytes(clip.read_bytes()[:100])
+    r = run_tallow(["run", "vlm", "What do you hear?", "--audio", str(clip)], home=home)
+    assert r.returncode == 1 and "claims 16,000 bytes of samples but holds 56" in r.stderr.decode()
+    script = f"/audio {tmp_path / 'none.wav'}\n/audio {clip}\n/bye\n".encode()
+    r = _ok(run_tallow(["chat", "vlm", "--no-log"], home=home, input=script))
+    assert "error: cannot read the audio" in r.stderr.decode() and "holds 56" in r.stderr.decode()

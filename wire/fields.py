@@ -136,7 +136,7 @@ def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("t
                 continue
             if not isinstance(part, dict) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise APIError(f"{where}[{i}]: only text and image {noun} are supported, not {kind!r}"
+                raise APIError(f"{where}[{i}]: only text, image and audio {noun} are supported, not {kind!r}"
                                if media is not None else
                                f"{where}[{i}]: only text {noun} are supported, not {kind!r}", param=param)
             if MARKER in part["text"]:

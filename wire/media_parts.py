@@ -16,14 +16,17 @@ from tallow.wire.fields import APIError
 Fetch = Callable[[str, str, str], bytes]
 
 
-def from_base64(data: Any, where: str, param: str):
+def _bytes(data: Any, where: str, param: str) -> bytes:
     if not isinstance(data, str) or not data:
         raise APIError(f"{where} must be a base64 string", param=param)
     try:
-        raw = base64.b64decode(data, validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise APIError(f"{where} is not valid base64", param=param) from None
-    return _decoded(raw, where, param)
+
+
+def from_base64(data: Any, where: str, param: str):
+    return _decoded(_bytes(data, where, param), where, param)
 
 
 def _decoded(raw: bytes, where: str, param: str):
@@ -68,7 +71,24 @@ def openai_part(part: dict, where: str, param: str, fetch: Fetch | None = None):
             raise APIError(f"{where}.file_id: files are not supported; send image_url as a data: URI", param=param)
         _check_detail(part.get("detail"), f"{where}.detail", param)
         return from_url(part.get("image_url"), f"{where}.image_url", param, fetch)
+    if kind == "input_audio":
+        return _input_audio(part.get("input_audio"), f"{where}.input_audio", param)
     return None
+
+
+def _input_audio(audio: Any, where: str, param: str):
+    """Chat Completions' input_audio: base64 data in a format tallow reads (WAV)."""
+    from tallow.runtime.audio import decode_wav
+
+    if not isinstance(audio, dict):
+        raise APIError(f"{where} must be an object with data and format", param=param)
+    if audio.get("format") != "wav":
+        raise APIError(f"{where}.format {audio.get('format')!r} is not supported: send wav", param=param)
+    raw = _bytes(audio.get("data"), f"{where}.data", param)
+    try:
+        return decode_wav(raw, f"{where}.data")
+    except MediaError as exc:
+        raise APIError(exc.message, param=param) from None
 
 
 def _check_detail(detail: Any, where: str, param: str) -> None:

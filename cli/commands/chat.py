@@ -24,6 +24,7 @@ HELP = """commands:
   /set PARAM VALUE      one of: {params}
   /show                 model, settings, context used
   /image PATH           show the model this image with the next message (needs a projector)
+  /audio PATH           let the model hear this WAV file with the next message (an audio projector)
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
   /bye                  leave (or Ctrl-D)
@@ -182,24 +183,27 @@ def logprob_lines(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _attach(conv: Conversation, path: str, say) -> None:
+def _attach(conv: Conversation, path: str, say, noun: str = "image") -> None:
     from pathlib import Path
 
+    from tallow.runtime.audio import decode_wav
     from tallow.runtime.media import decode_image
 
     if not path:
-        say("error: /image needs a PATH", soft_wrap=True)
+        say(f"error: /{noun} needs a PATH", soft_wrap=True)
         return
     try:
-        media = decode_image(Path(path).expanduser().read_bytes(), f"the image {path}")
+        raw = Path(path).expanduser().read_bytes()
+        media = decode_wav(raw, f"the audio {path}") if noun == "audio" else decode_image(raw, f"the image {path}")
         conv.attach(media)
     except OSError as exc:
-        say(f"error: cannot read the image {path}: {exc.strerror or exc}", markup=False, soft_wrap=True)
+        say(f"error: cannot read the {noun} {path}: {exc.strerror or exc}", markup=False, soft_wrap=True)
         return
     except TallowError as exc:
         say(f"error: {exc}", markup=False, soft_wrap=True)
         return
-    say(f"image {media.width}x{media.height} attached to the next message", style="dim", soft_wrap=True)
+    what = f"{media.width / media.rate:.1f} s of audio" if noun == "audio" else f"image {media.width}x{media.height}"
+    say(f"{what} attached to the next message", style="dim", soft_wrap=True)
 
 
 def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
@@ -240,8 +244,8 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
             f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
             + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.served_at is None
                else f"context: held by the server at {conv.engine.served_at}"), markup=False, soft_wrap=True)
-    elif cmd == "/image":
-        _attach(conv, arg, say)
+    elif cmd in ("/image", "/audio"):
+        _attach(conv, arg, say, cmd[1:])
     elif cmd == "/stats":
         st = conv.summary()
         shown = {k: "not reported" if st[k] is None else st[k] for k in ("prompt_tokens", "cached_tokens")}

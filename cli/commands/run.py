@@ -55,6 +55,7 @@ def run(
     flash_attn: o.FlashAttn = "auto",
     raw: o.Raw = False,
     image: o.Image = None,
+    audio: o.Audio = None,
     mmproj: o.Mmproj = None,
     offline: o.Offline = False,
     as_json: o.Json = False,
@@ -89,25 +90,28 @@ def run(
         o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
-                        "--image": bool(image), "--mmproj": mmproj is not None})
+                        "--image": bool(image), "--audio": bool(audio),
+                        "--mmproj": mmproj is not None})
     tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
     sampling = replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                        repeat_penalty=repeat_penalty, seed=seed)
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)
-    images = o.read_images(image)
+    media = o.read_media(image, audio)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
-    if images and prompt is None:
-        raise typer.BadParameter("an image needs a PROMPT to go with it", param_hint="PROMPT")
-    text, document = (None, None) if interactive else (prompt, None) if "-" in (image or ()) else read_prompt(prompt)
+    if media and prompt is None:
+        raise typer.BadParameter(f"{'an image' if image else 'audio'} needs a PROMPT to go with it", param_hint="PROMPT")
+    stdin_media = "-" in (image or ()) or "-" in (audio or ())
+    text, document = (None, None) if interactive else (prompt, None) if stdin_media else read_prompt(prompt)
     load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn)
     if load is not None:
         load = replace(load, mmproj=o.checked_mmproj(mmproj))
     if load is not None and text is not None:
         load = o.one_shot(load, text, max_tokens, draft is not None)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
-                               allow_logprobs=True, projector="needed" if images else "if-stored" if interactive else "no")
+                               allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
+                               media={m.kind for m in media})
     with engine:
         if interactive:
             from tallow.cli.commands.chat import repl
@@ -118,8 +122,8 @@ def run(
                         show_stats=not quiet and (stats or stderr_is_terminal()))
         assert text is not None  # read above, since this run is not interactive
         head = ([{"role": "system", "content": system}] if system else []) + earlier
-        messages = head + [{"role": "user", "content": with_markers(text, len(images)), "media": images}
-                           if images else {"role": "user", "content": text}]
+        messages = head + [{"role": "user", "content": with_markers(text, len(media)), "media": media}
+                           if media else {"role": "user", "content": text}]
         # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
         prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,

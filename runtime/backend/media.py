@@ -99,8 +99,12 @@ class Projector:
                 M.mtmd_bitmap_free(b)
 
     def _bitmap(self, m: Media):
-        pixels = (ctypes.c_uint8 * len(m.data)).from_buffer_copy(m.data)
-        ptr = M.mtmd_bitmap_init(m.width, m.height, pixels)
+        if m.kind == "audio":
+            samples = (ctypes.c_float * m.width).from_buffer_copy(m.data)
+            ptr = M.mtmd_bitmap_init_from_audio(m.width, samples)
+        else:
+            pixels = (ctypes.c_uint8 * len(m.data)).from_buffer_copy(m.data)
+            ptr = M.mtmd_bitmap_init(m.width, m.height, pixels)
         if not ptr:
             raise BackendError(f"libmtmd refused the {m.kind}")
         M.mtmd_bitmap_set_id(ptr, m.key.encode("ascii"))
