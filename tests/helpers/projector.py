@@ -56,7 +56,6 @@ def write_colour_projector(path: Path, model: Path, colours: dict[str, tuple[int
     `n_embd` overrides the output width (a projector that does not fit its model), and
     `projector_type` the type it declares (one libmtmd does not know, say); `name` changes
     the bytes, not the behaviour."""
-    import gguf
 
     colours = colours or COLOURS
     width, embeddings = word_embeddings(model, list(colours))
@@ -74,19 +73,6 @@ def write_colour_projector(path: Path, model: Path, colours: dict[str, tuple[int
         mm2[:, i] = embeddings[word][:out_width] / K if out_width <= width else np.resize(embeddings[word], out_width) / K
     n_patches = (image_size // PATCH) ** 2
 
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_string("general.name", name)
-    w.add_string("clip.projector_type", projector_type)
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.use_gelu", True)
-    for key, value in {"embedding_length": n_v, "feed_forward_length": n_v, "block_count": 1,
-                       "projection_dim": out_width, "attention.head_count": 1}.items():
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.image_size", image_size)
-    w.add_uint32("clip.vision.patch_size", PATCH)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     tensors = {
         "v.patch_embd.weight": patch,
         "v.position_embd.weight": np.zeros((n_patches, n_v), np.float32),
@@ -96,8 +82,28 @@ def write_colour_projector(path: Path, model: Path, colours: dict[str, tuple[int
         "mm.0.weight": mm0, "mm.0.bias": mm0_b,
         "mm.2.weight": mm2, "mm.2.bias": np.zeros(out_width, np.float32),
     }
-    for name, data in tensors.items():
-        w.add_tensor(name, data)
+    shape = {"embedding_length": n_v, "feed_forward_length": n_v, "block_count": 1, "projection_dim": out_width,
+             "attention.head_count": 1, "image_size": image_size}
+    return _write_clip(path, name, projector_type, shape, tensors)
+
+
+def _write_clip(path: Path, name: str, projector_type: str, shape: dict[str, int], tensors: dict) -> Path:
+    """A vision projector GGUF: its header (the ViT's shape, CLIP's normalisation) and tensors."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_string("general.name", name)
+    w.add_string("clip.projector_type", projector_type)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_gelu", True)
+    for key, value in shape.items():
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_uint32("clip.vision.patch_size", PATCH)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    for tensor, data in tensors.items():
+        w.add_tensor(tensor, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -111,3 +117,38 @@ def solid_png(path: Path, rgb: tuple[int, int, int], size: int = 64) -> Path:
 
     Image.new("RGB", (size, size), rgb).save(path)
     return path
+
+
+def write_bench_projector(path: Path, model: Path, image_size: int = 224, width: int = 768, layers: int = 12,
+                          heads: int = 12, ffn: int = 3072, seed: int = 0) -> Path:
+    """A LLaVA-style projector of a realistic size for benchmarks (a ViT-B/14 at 224 pixels:
+    256 patches through 12 layers of width 768), random F16 weights: what it says is noise,
+    what it costs to encode is real."""
+
+    width_out, _ = word_embeddings(model, [])
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int, scale: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+    def zeros(n: int) -> np.ndarray:
+        return np.zeros(n, np.float32)
+
+    n_patches = (image_size // PATCH) ** 2
+    tensors: dict[str, np.ndarray] = {
+        "v.patch_embd.weight": w(width, 3, PATCH, PATCH),
+        "v.position_embd.weight": w(n_patches, width).astype(np.float32),
+        "mm.0.weight": w(width_out, width), "mm.0.bias": zeros(width_out),
+        "mm.2.weight": w(width_out, width_out), "mm.2.bias": zeros(width_out),
+    }
+    for i in range(layers + 1):  # LLaVA reads the features before the last layer
+        b = f"v.blk.{i}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{b}.{name}.weight"], tensors[f"{b}.{name}.bias"] = w(width, width), zeros(width)
+        for name in ("ln1", "ln2"):
+            tensors[f"{b}.{name}.weight"], tensors[f"{b}.{name}.bias"] = np.ones(width, np.float32), zeros(width)
+        tensors[f"{b}.ffn_up.weight"], tensors[f"{b}.ffn_up.bias"] = w(ffn, width), zeros(ffn)
+        tensors[f"{b}.ffn_down.weight"], tensors[f"{b}.ffn_down.bias"] = w(width, ffn), zeros(width)
+    shape = {"embedding_length": width, "feed_forward_length": ffn, "block_count": layers + 1,
+             "projection_dim": width_out, "attention.head_count": heads, "image_size": image_size}
+    return _write_clip(path, "benchmark projector", "mlp", shape, tensors)
