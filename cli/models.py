@@ -118,22 +118,21 @@ def with_projector(local, load: LoadSettings, projector: str, media: set[str] | 
     from dataclasses import replace
 
     from tallow.models.projector import read_projector
-    from tallow.runtime.media import MediaError
+    from tallow.runtime.media import MediaError, media_noun, missing_encoder
 
     if projector == "no":
         return replace(load, mmproj=None)
     mmproj = load.mmproj or local.mmproj
     kinds = media or {"image"}
-    what = "images and audio" if len(kinds) > 1 else "audio" if kinds == {"audio"} else "images"
     if mmproj is None and projector == "needed":
-        raise MediaError(f"{local.name} has no projector: it cannot take {what}",
+        raise MediaError(f"{local.name} has no projector: it cannot take {media_noun(kinds)}",
                          "give its projector with --mmproj PATH, or import the model with one (tallow import --mmproj)")
     if projector == "needed":
-        can = read_projector(mmproj).capabilities
-        for kind, encoder in (("audio", "audio"), ("image", "vision")):
-            if kind in kinds and encoder not in can:
-                raise MediaError(f"{local.name}'s projector {Path(mmproj).name} has no {encoder} encoder: "
-                                 f"it cannot take {'audio' if kind == 'audio' else 'images'}")
+        facts = read_projector(mmproj)
+        lacking = missing_encoder(kinds, facts.vision, facts.audio)
+        if lacking:
+            raise MediaError(f"{local.name}'s projector {Path(mmproj).name} has no {lacking[0]} encoder: "
+                             f"it cannot take {lacking[1]}")
     return replace(load, mmproj=mmproj)
 
 

@@ -156,15 +156,15 @@ class Conversation:
     # -- commands ----------------------------------------------------------------------------
     def attach(self, media) -> None:
         """Show the model this decoded image (or let it hear this audio) with the next message."""
-        from tallow.runtime.media import MediaError
+        from tallow.runtime.media import MediaError, media_noun, missing_encoder
 
         projector = getattr(self.engine, "projector", None)
-        noun = "audio" if media.kind == "audio" else "images"
         if projector is None:
-            raise MediaError(f"this model has no projector: it cannot take {noun}", "start the chat with --mmproj PATH")
-        if not (projector.audio if media.kind == "audio" else projector.vision):
-            raise MediaError(f"this model's projector has no {'audio' if media.kind == 'audio' else 'vision'} encoder: "
-                             f"it cannot take {noun}")
+            raise MediaError(f"this model has no projector: it cannot take {media_noun({media.kind})}",
+                             "start the chat with --mmproj PATH")
+        lacking = missing_encoder({media.kind}, projector.vision, projector.audio)
+        if lacking:
+            raise MediaError(f"this model's projector has no {lacking[0]} encoder: it cannot take {lacking[1]}")
         self.pending.append(media)
 
     def clear(self) -> None:

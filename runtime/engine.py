@@ -153,7 +153,7 @@ class Engine:
         from tallow.runtime.multimodal import assemble
 
         if self.projector is None:
-            raise MediaError(f"{self.path.name} has no projector: it cannot take {media_noun(media)}",
+            raise MediaError(f"{self.path.name} has no projector: it cannot take {media_noun({m.kind for m in media})}",
                              "give a projector with --mmproj, or use a vision model")
         pieces = self.projector.tokenize(text, self._for_projector(media))
         first = pieces[0] if pieces and isinstance(pieces[0], list) else []
@@ -163,13 +163,12 @@ class Engine:
     def _for_projector(self, media: list) -> list:
         """Media the projector can take: audio at its sample rate; a kind it lacks is refused."""
         from tallow.runtime.audio import resample
-        from tallow.runtime.media import MediaError
+        from tallow.runtime.media import MediaError, missing_encoder
 
         assert self.projector is not None
-        for m in media:
-            if not (self.projector.audio if m.kind == "audio" else self.projector.vision):
-                encoder, what = ("audio", "audio") if m.kind == "audio" else ("vision", "images")
-                raise MediaError(f"{self.path.name}'s projector has no {encoder} encoder: it cannot take {what}")
+        lacking = missing_encoder({m.kind for m in media}, self.projector.vision, self.projector.audio)
+        if lacking:
+            raise MediaError(f"{self.path.name}'s projector has no {lacking[0]} encoder: it cannot take {lacking[1]}")
         return [resample(m, self.projector.sample_rate) if m.kind == "audio" else m for m in media]
 
     served_at = None  # this machine answers (runtime/protocol.py)

@@ -93,10 +93,18 @@ def _as_rgb(image):
     return image.convert("RGB")
 
 
-def media_noun(media: list[Media]) -> str:
-    """What a list of media is, in a message: images, audio, or images and audio."""
-    kinds = {m.kind for m in media}
+def media_noun(kinds: set[str]) -> str:
+    """What media of these kinds are, in a message: images, audio, or images and audio."""
     return "images and audio" if len(kinds) > 1 else "audio" if kinds == {"audio"} else "images"
+
+
+def missing_encoder(kinds: set[str], vision: bool, audio: bool) -> tuple[str, str] | None:
+    """(the encoder, what it would take) of the first kind a projector with these encoders
+    cannot take; None when it takes them all."""
+    for kind, encoder, has in (("audio", "audio", audio), ("image", "vision", vision)):
+        if kind in kinds and not has:
+            return encoder, media_noun({kind})
+    return None
 
 
 def with_markers(text: str, n: int) -> str:
