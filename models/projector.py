@@ -32,7 +32,7 @@ qwen3tts_gen pockettts_spkenc pockettts_gen muse-glimmer
 _WIDTH = {
     **{t: ("mm.2.weight", 1) for t in ("mlp", "pixtral", "phi4", "lightonocr", "lfm2", "kimivl", "ultravox",
                                        "voxtral", "qwen3a")},
-    **{t: ("mm.1.bias", 0) for t in ("qwen2vl_merger", "qwen2.5vl_merger")},
+    **{t: ("mm.2.bias", 0) for t in ("qwen2vl_merger", "qwen2.5vl_merger")},  # loaded as mm_1_b
     **{t: ("mm.input_projection.weight", 0) for t in ("gemma3", "gemma3nv")},
     "idefics3": ("mm.model.fc.weight", 1),
     "internvl": ("mm.3.weight", 1),

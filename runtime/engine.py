@@ -105,13 +105,9 @@ class Engine:
         if path is None:
             return None
         from tallow.runtime.backend.media import Projector
-        from tallow.runtime.media import MARKER, MediaError
+        from tallow.runtime.media import MARKER
 
-        projector = Projector(self.model, path, n_threads, MARKER)
-        if projector.mrope:
-            projector.close()
-            raise MediaError(f"{path.name}: M-RoPE projectors (the Qwen2-VL family) are not supported yet")
-        return projector
+        return Projector(self.model, path, n_threads, MARKER)
 
     # -- prompts ---------------------------------------------------------------------------
     def chat_template(self):
@@ -320,20 +316,21 @@ class Engine:
         for n, chunk in enumerate(chunks):
             span = spans.get(len(seq.kv))
             if span is not None:
-                self._evaluate_media(run, span)
+                seq.placed(chunk, self._evaluate_media(run, span))
             else:
-                self.ctx.decode(chunk, len(seq.kv), _SEQ, want_last_logits=n == len(chunks) - 1)
-            seq.kv.extend(chunk)
+                self.ctx.decode(chunk, seq.next_pos, _SEQ, want_last_logits=n == len(chunks) - 1)
+                seq.kv.extend(chunk)
             while points and len(seq.kv) >= points[0]:
                 assert disk is not None  # cache points come from the disk cache
                 disk.save_point(seq, run.request, points.pop(0))
 
-    def _evaluate_media(self, run: OutputStream, span) -> None:
+    def _evaluate_media(self, run: OutputStream, span) -> int:
+        """Encode a media chunk and evaluate it into the sequence; returns the next position."""
         assert self.projector is not None  # a prompt has spans only through the projector
         started = time.perf_counter()
         embd = self.projector.encode(span.chunk, self.model.n_embd)
         run.timings.media_ms += (time.perf_counter() - started) * 1000
-        self.projector.decode(self.ctx, span.chunk, embd, len(self.sequence.kv), _SEQ)
+        return self.projector.decode(self.ctx, span.chunk, embd, self.sequence.next_pos, _SEQ)
 
     def sampler_for(self, request: Request):
         """A C sampler chain for the request's settings (the caller closes it); with a lazy
@@ -386,13 +383,13 @@ class Engine:
             self.pace()
             base = len(kv)
             if drafter is None:
-                ctx.decode([token], base, _SEQ)
+                ctx.decode([token], seq.next_pos, _SEQ)
                 kv.append(token)
                 sampled, guesses = [(-1, sample(ctx, -1))], 0
                 continue
             drafter.extend(t for _, t in sampled)
             draft = drafter.propose(min(self.n_ctx - base - 1, self.n_batch - 1))
-            ctx.decode([token, *draft], base, _SEQ, all_logits=True)
+            ctx.decode([token, *draft], seq.next_pos, _SEQ, all_logits=True)
             kv.append(token)
             kv.extend(draft)
             accepted, after = settle_draft(seq, run, drafter, draft, lambda i: sample(ctx, i))
@@ -417,7 +414,7 @@ class Engine:
     def reset(self) -> None:
         """Forget every cached token (the next prompt is evaluated in full)."""
         self.ctx.clear()
-        self.kv.clear()
+        self.sequence.clear()
 
     @property
     def n_threads(self) -> int:

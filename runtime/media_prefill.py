@@ -41,8 +41,8 @@ class MediaPrefill:
         embd, ms = future.result()
         job.run.timings.media_ms += ms
         seq = job.held.sequence
-        self.engine.projector.decode(self.engine.ctx, span.chunk, embd, len(seq.kv), seq.seq)
-        seq.kv.extend(job.request.prompt_tokens[span.start:span.end])
+        next_pos = self.engine.projector.decode(self.engine.ctx, span.chunk, embd, seq.next_pos, seq.seq)
+        seq.placed(job.request.prompt_tokens[span.start:span.end], next_pos)
         return True
 
     def busy(self) -> bool:

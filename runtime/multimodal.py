@@ -17,11 +17,13 @@ _RANGE = 0x3FFFFFFF
 
 @dataclass(frozen=True)
 class Span:
-    """A media chunk at prompt positions start .. start + n - 1."""
+    """A media chunk at prompt cells start .. start + n - 1, taking n_pos positions (n, but
+    for M-RoPE models)."""
     start: int
     n: int
     kind: str
     chunk: Any  # runtime.backend.media.Chunk
+    n_pos: int
 
     @property
     def end(self) -> int:
@@ -41,7 +43,7 @@ def assemble(pieces: list, bos: int | None) -> tuple[list[int], tuple[Span, ...]
         if isinstance(piece, list):
             tokens.extend(piece)
             continue
-        spans.append(Span(len(tokens), piece.n_tokens, piece.kind, piece))
+        spans.append(Span(len(tokens), piece.n_tokens, piece.kind, piece, piece.n_pos))
         tokens.extend(placeholders(piece.key, piece.n_tokens))
     return tokens, tuple(spans)
 

@@ -321,7 +321,7 @@ class Scheduler:
             wants.append((len(decode), job))
             assert job.next_token is not None  # sorted into `decoding` for having one
             for token in (job.next_token, *job.draft):  # a draft's rows follow the token's
-                decode.append((token, len(slot.kv), slot.seq, True))
+                decode.append((token, slot.sequence.next_pos, slot.seq, True))
                 slot.kv.append(token)
             job.next_token = None
         separate = []  # deterministic prefill chunks, each a call of its own
@@ -345,9 +345,10 @@ class Scheduler:
                 room = min(room, DET_CHUNK)
             n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]),  # stop at a cache point
                     *(p - start for p in [next_span(job.request.media, start)] if p is not None))  # and at media
+            base = slot.sequence.pos(start) - start
             for i in range(start, start + n):
                 # deterministic mode asks for two output rows: see _pair
-                chunk.append((prompt[i], i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
+                chunk.append((prompt[i], base + i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
             slot.kv.extend(prompt[start:start + n])
             budget -= len(chunk)
             done = start + n == len(prompt)
@@ -375,8 +376,9 @@ class Scheduler:
         p = len(slot.kv) - 1
         if slot.kv[p] < 0:  # a media cell cannot be evaluated as a token: no pair
             return
-        self.engine.ctx.seq_rm(slot.seq, p, -1)
-        entries.append((slot.kv[p], p, slot.seq, True))  # slot.kv already lists it
+        at = slot.sequence.pos(p)
+        self.engine.ctx.seq_rm(slot.seq, at, -1)
+        entries.append((slot.kv[p], at, slot.seq, True))  # slot.kv already lists it
 
     def _step(self) -> None:
         ctx = self.engine.ctx

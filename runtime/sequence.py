@@ -1,7 +1,8 @@
 """The sequence core that every route decodes through (docs/DESIGN.md, "The sequence core").
 
-- `Sequence`: one llama.cpp sequence and the tokens its KV cells hold, in position order;
-  prefix reuse, trimming, and state save/load for the disk prompt cache.
+- `Sequence`: one llama.cpp sequence and the tokens its KV cells hold, in order, with the
+  position of each (a media chunk may take fewer positions than cells: M-RoPE); prefix
+  reuse, trimming, and state save/load for the disk prompt cache.
 - `DiskPrefixes`: a PromptCache bound to one context's fingerprint; loads the longest saved
   prefix of a prompt into a sequence and saves a finished request's prefixes from one.
 - `OutputStream`: one request's answer as it streams: sampled token -> detokenizer -> stop
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from tallow.runtime.logprobs import with_logprobs
-from tallow.runtime.multimodal import snap, text_only
+from tallow.runtime.multimodal import Span, snap, text_only
 from tallow.runtime.speculative import LookupDrafter, verify
 from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
 from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
@@ -33,36 +34,64 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Sequence:
-    """One sequence of a llama.cpp context: its id and the tokens its KV cells hold."""
+    """One sequence of a llama.cpp context: its id and the tokens its KV cells hold.
+
+    Cell i sits at position i, except after a media chunk that libmtmd places on fewer (or
+    more) positions than it has tokens: Qwen2-VL's M-RoPE puts a picture's tokens on a grid
+    and the text after it max(rows, columns) positions on. `_jumps` lists each such chunk as
+    (the cell after it, positions gained or lost), so a position is the cell index plus the
+    jumps before it; llama.cpp's seq_rm and decode take positions, the lists here cells.
+    """
 
     def __init__(self, ctx, seq: int) -> None:
         self.ctx = ctx
         self.seq = seq
         self.kv: list[int] = []
+        self._jumps: list[tuple[int, int]] = []
+
+    def pos(self, cell: int) -> int:
+        """The position of cell `cell` (of the next one, for len(kv))."""
+        return cell + sum(extra for at, extra in self._jumps if at <= cell)
+
+    @property
+    def next_pos(self) -> int:
+        return self.pos(len(self.kv))
+
+    def placed(self, tokens: list[int], next_pos: int) -> None:
+        """A media chunk's cells were just evaluated, as `tokens`; libmtmd says where the next
+        cell goes."""
+        extra = next_pos - self.next_pos - len(tokens)
+        self.kv.extend(tokens)
+        if extra:
+            self._jumps.append((len(self.kv), extra))
 
     def keep(self, n: int) -> None:
-        """Drop every cell from position n on."""
+        """Drop every cell from cell n on (never inside a media chunk: see multimodal.snap)."""
         if n < len(self.kv):
-            self.ctx.seq_rm(self.seq, n, -1)
+            self.ctx.seq_rm(self.seq, self.pos(n), -1)
             del self.kv[n:]
+            self._jumps = [(at, extra) for at, extra in self._jumps if at <= n]
 
     def clear(self) -> None:
         self.ctx.seq_rm(self.seq, 0, -1)
         self.kv.clear()
+        self._jumps.clear()
 
     def reusable(self, prompt: list[int]) -> int:
         """How many of the prompt's tokens the cells hold already; never all of them, since the
         last prompt token must be evaluated again for its logits."""
         return min(common_prefix(self.kv, prompt), len(prompt) - 1)
 
-    def load(self, path: Path, tokens: list[int]) -> bool:
-        """Replace the sequence's cells with a saved state that must hold exactly `tokens`."""
+    def load(self, path: Path, tokens: list[int], spans: tuple[Span, ...] = ()) -> bool:
+        """Replace the sequence's cells with a saved state that must hold exactly `tokens`, a
+        prefix of the prompt whose media `spans` are given (the state keeps their positions)."""
         self.clear()
         loaded = self.ctx.load_seq(path, self.seq, len(tokens))
         if loaded != tokens:  # refused, or not what the record says: never use it
             self.clear()
             return False
         self.kv.extend(loaded)
+        self._jumps = [(s.end, s.n_pos - s.n) for s in spans if s.end <= len(tokens) and s.n_pos != s.n]
         return True
 
     def save(self, path: Path) -> int:
@@ -110,16 +139,17 @@ class DiskPrefixes:
             return False
         return self.cache.put(self.fingerprint, tokens, seq.save) is not None
 
-    def load_longest(self, seq: Sequence, prompt: list[int], cached: int, usage: Usage) -> int:
-        """Load the longest saved prefix that beats the `cached` tokens memory holds; returns the
-        tokens now cached (and sets usage.cache_source to 'disk' when one was loaded)."""
-        cache = self.cache
+    def load_longest(self, seq: Sequence, request: Request, cached: int, usage: Usage) -> int:
+        """Load the longest saved prefix of the request's prompt that beats the `cached` tokens
+        memory holds; returns the tokens now cached (and sets usage.cache_source to 'disk' when
+        one was loaded)."""
+        cache, prompt = self.cache, request.prompt_tokens
         for entry in cache.lookup(self.fingerprint, prompt):  # longest first
             if len(entry.tokens) <= cached + 1:
                 break
             if not cache.verify(entry):  # a damaged one is removed and the next tried
                 continue
-            if not seq.load(entry.state_path, entry.tokens):
+            if not seq.load(entry.state_path, entry.tokens, request.media):
                 cache.remove(entry)
                 usage.cache_source = None
                 cached = 0  # what memory held went with the failed load
@@ -259,7 +289,7 @@ def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, s
     run.usage.cache_source = "memory" if cached else None
     from_disk = disk is not None and disk.applies(request)
     if disk is not None and from_disk:
-        cached = snap(disk.load_longest(seq, prompt, cached, run.usage), request.media)
+        cached = snap(disk.load_longest(seq, request, cached, run.usage), request.media)
     seq.keep(cached)
     run.usage.media_tokens = sum(span.n for span in request.media)
     run.usage.audio_tokens = sum(span.n for span in request.media if span.kind == "audio")

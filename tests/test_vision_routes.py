@@ -1,6 +1,7 @@
 """Images on every route, through a model stored with its projector: the same greedy answer
 from run, chat, serve and batch, and a second process that finds the picture's cells in the
-disk prompt cache instead of encoding it again."""
+disk prompt cache instead of encoding it again. Twice: with a LLaVA-style projector, and with
+an M-RoPE pair (tests/helpers/mrope.py), whose picture takes fewer positions than cells."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.mrope import write_mrope_colour_projector, write_mrope_model
 from helpers.processes import run_tallow
 from helpers.projector import solid_png, write_colour_projector
 from helpers.server import Server
@@ -19,14 +21,20 @@ SYSTEM = "You look at pictures and name their colour. " + "Colours are words. " 
 MODEL = "vlm"
 
 
-@pytest.fixture(scope="module")
-def vision_home(default_model, tmp_path_factory) -> tuple[Path, Path]:
-    folder = tmp_path_factory.mktemp("vision-routes")
-    proj = write_colour_projector(folder / "colour-mmproj.gguf", default_model)
+@pytest.fixture(scope="module", params=["mlp", "mrope"])
+def vision_home(request, default_model, tmp_path_factory) -> tuple[Path, Path, int]:
+    """A home storing the pair, a red picture, and how many tokens it takes."""
+    folder = tmp_path_factory.mktemp(f"vision-routes-{request.param}")
+    if request.param == "mlp":
+        model, n_tokens = default_model, 4  # resized to 28x28: 2x2 patches
+        proj = write_colour_projector(folder / "colour-mmproj.gguf", model)
+    else:
+        model, n_tokens = write_mrope_model(default_model, folder / "qwen2vl.gguf"), 9  # 3x3 merged patches
+        proj = write_mrope_colour_projector(folder / "mmproj-qwen2vl.gguf", model)
     home = folder / "home"
-    r = run_tallow(["import", str(default_model), "--name", MODEL, "--link", "--mmproj", str(proj)], home=home)
+    r = run_tallow(["import", str(model), "--name", MODEL, "--link", "--mmproj", str(proj)], home=home)
     assert r.returncode == 0, r.stderr.decode()
-    return home, solid_png(folder / "red.png", (255, 0, 0))
+    return home, solid_png(folder / "red.png", (255, 0, 0)), n_tokens
 
 
 def _run(home: Path, picture: Path, *extra: str) -> dict:
@@ -39,7 +47,7 @@ def _run(home: Path, picture: Path, *extra: str) -> dict:
 def test_the_same_image_question_gives_the_same_answer_on_every_route(vision_home, tmp_path):
     """Flash attention on everywhere (serve and batch turn it on for several sequences; for one,
     "auto" follows this machine's timings, and its kernel rounds otherwise)."""
-    home, picture = vision_home
+    home, picture, _ = vision_home
     by_run = _run(home, picture, "--no-cache")["text"]
     assert "red" in by_run.lower()
 
@@ -68,12 +76,12 @@ def test_the_same_image_question_gives_the_same_answer_on_every_route(vision_hom
 
 
 def test_a_second_process_finds_the_picture_in_the_disk_cache(vision_home):
-    home, picture = vision_home
+    home, picture, n_tokens = vision_home
     first = _run(home, picture)
     second = _run(home, picture)
     assert second["text"] == first["text"]
-    assert first["usage"]["media_tokens"] == second["usage"]["media_tokens"] == 4
+    assert first["usage"]["media_tokens"] == second["usage"]["media_tokens"] == n_tokens
     assert second["usage"]["cache_source"] == "disk"
-    # every prompt token but the last came from disk, the picture's four included: no encode
+    # every prompt token but the last came from disk, the picture's included: no encode
     assert second["usage"]["cached_tokens"] == second["usage"]["prompt_tokens"] - 1
     assert first["timings"]["media_ms"] > 0 and not second["timings"].get("media_ms")

@@ -382,6 +382,10 @@ class Context:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
 
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The highest position a sequence's cells hold (-1: none)."""
+        return C.llama_memory_seq_pos_max(self.mem, seq_id)
+
     def save_seq(self, path: Path, seq_id: int, tokens: list[int]) -> int:
         """Write a sequence's KV state and its tokens to `path`; returns bytes written (0: failed)."""
         arr = (C.llama_token * len(tokens))(*tokens)

@@ -84,24 +84,30 @@ def write_colour_projector(path: Path, model: Path, colours: dict[str, tuple[int
     }
     shape = {"embedding_length": n_v, "feed_forward_length": n_v, "block_count": 1, "projection_dim": out_width,
              "attention.head_count": 1, "image_size": image_size}
-    return _write_clip(path, name, projector_type, shape, tensors)
+    return write_clip(path, name, projector_type, shape, tensors)
 
 
-def _write_clip(path: Path, name: str, projector_type: str, shape: dict[str, int], tensors: dict) -> Path:
-    """A vision projector GGUF: its header (the ViT's shape, CLIP's normalisation) and tensors."""
+def write_clip(path: Path, name: str, projector_type: str, shape: dict[str, int], tensors: dict,
+               modality: str = "vision", extra: dict[str, int] | None = None) -> Path:
+    """A projector GGUF: its header (the encoder's shape under clip.vision.* or clip.audio.*,
+    CLIP's normalisation for a vision one; `extra` more unsigned keys) and tensors."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_string("general.name", name)
     w.add_string("clip.projector_type", projector_type)
-    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_vision_encoder", modality == "vision")
+    w.add_bool("clip.has_audio_encoder", modality == "audio")
     w.add_bool("clip.use_gelu", True)
     for key, value in shape.items():
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.patch_size", PATCH)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+        w.add_uint32(f"clip.{modality}.{key}", value)
+    for key, value in (extra or {}).items():
+        w.add_uint32(key, value)
+    w.add_float32(f"clip.{modality}.attention.layer_norm_epsilon", 1e-6)
+    if modality == "vision":
+        w.add_uint32("clip.vision.patch_size", PATCH)
+        w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     for tensor, data in tensors.items():
         w.add_tensor(tensor, data)
     w.write_header_to_file()
@@ -151,4 +157,4 @@ def write_bench_projector(path: Path, model: Path, image_size: int = 224, width:
         tensors[f"{b}.ffn_down.weight"], tensors[f"{b}.ffn_down.bias"] = w(width, ffn), zeros(width)
     shape = {"embedding_length": width, "feed_forward_length": ffn, "block_count": layers + 1,
              "projection_dim": width_out, "attention.head_count": heads, "image_size": image_size}
-    return _write_clip(path, "benchmark projector", "mlp", shape, tensors)
+    return write_clip(path, "benchmark projector", "mlp", shape, tensors)
