@@ -30,8 +30,9 @@ qwen3tts_gen pockettts_spkenc pockettts_gen muse-glimmer
 # Where libmtmd reads a projector's output width (clip_n_mmproj_embd), for the common types:
 # (tensor, dimension). Other types are left to llama.cpp's own check of the pair.
 _WIDTH = {
-    **{t: ("mm.2.weight", 1) for t in ("mlp", "pixtral", "phi4", "lightonocr", "lfm2", "kimivl", "ultravox",
-                                       "voxtral", "qwen3a")},
+    **{t: ("mm.2.weight", 1) for t in ("mlp", "pixtral", "phi4", "lightonocr", "lfm2", "kimivl")},
+    **{t: ("mm.a.mlp.2.weight", 1) for t in ("ultravox", "voxtral", "qwen3a")},
+    "qwen2a": ("mm.a.fc.weight", 1),
     **{t: ("mm.2.bias", 0) for t in ("qwen2vl_merger", "qwen2.5vl_merger")},  # loaded as mm_1_b
     **{t: ("mm.input_projection.weight", 0) for t in ("gemma3", "gemma3nv")},
     "idefics3": ("mm.model.fc.weight", 1),
