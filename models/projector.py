@@ -144,22 +144,48 @@ def choose_projector(repo: str, files: list[HubFile], weights_quant: str | None,
                         f"choose one with --mmproj NAME: {names}")
 
 
+# Vision types that take a picture at its own resolution, up to libmtmd's token limit:
+# (most output tokens, input patches per output token), from clip.cpp's set_limit_image_tokens.
+_DYNAMIC = {"qwen2vl_merger": (4096, 4), "qwen2.5vl_merger": (4096, 4), "qwen3vl_merger": (4096, 4)}
+
+
 def projector_memory(info: GGUFInfo) -> tuple[int, int]:
-    """(weights, compute buffer) of a projector: the tensors as stored, and the encoder's
-    peak for one image at its largest size: the attention scores of every head over every
-    patch pair (flash attention would not keep them, so this errs high) or the feed-forward
-    activations with the residual stream, whichever is larger."""
+    """(weights, compute buffer) of a projector: the tensors as stored, and an upper bound on
+    the encoder's peak for its largest input. The encoder runs flash attention (see
+    runtime/backend/media.py), so no patch-pair scores are kept: the peak is the input with
+    its unfolded copy for the first convolution, plus the feed-forward activations beside the
+    residual stream. Checked against libmtmd's own reservation (tests/test_projector_memory.py)."""
     md = info.metadata
-
-    def num(key: str, default: int = 0) -> int:
-        value = md.get(f"clip.vision.{key}", default)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
-
     weights = sum(t.n_bytes for t in info.tensors)
-    if md.get("clip.has_vision_encoder") is not True:
-        return weights, 0
-    side = num("image_size", 224) // max(1, num("patch_size", 14))
-    patches, width, ffn, heads = side * side, num("embedding_length", 1), num("feed_forward_length", 1), num("attention.head_count", 1)
-    scores = heads * patches * patches * 4
-    activations = patches * (ffn + 4 * width) * 4
-    return weights, max(scores, activations)
+    vision = md.get("clip.has_vision_encoder") is True
+    audio = md.get("clip.has_audio_encoder") is True
+    compute = [_vision_peak(md) if vision else 0, _audio_peak(md) if audio else 0]
+    return weights, max(compute)
+
+
+def _num(md: dict[str, Any], key: str, default: int = 0) -> int:
+    value = md.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def _stream(md: dict[str, Any], modality: str, positions: int) -> int:
+    width = _num(md, f"clip.{modality}.embedding_length", 1)
+    ffn = _num(md, f"clip.{modality}.feed_forward_length", 1)
+    return positions * (ffn + 4 * width) * 4
+
+
+def _vision_peak(md: dict[str, Any]) -> int:
+    patch = _num(md, "clip.vision.patch_size", 14)
+    kind = md.get("clip.vision.projector_type") or md.get("clip.projector_type")
+    if kind in _DYNAMIC:
+        tokens, per_token = _DYNAMIC[kind]
+        patches = tokens * per_token
+    else:
+        patches = (_num(md, "clip.vision.image_size", 224) // patch) ** 2
+    pixels = patches * patch * patch
+    return 2 * pixels * 3 * 4 + _stream(md, "vision", patches)
+
+
+def _audio_peak(md: dict[str, Any]) -> int:
+    frames, mels = 3000, _num(md, "clip.audio.num_mel_bins", 128)  # Whisper's 30 s window
+    return 4 * frames * mels * 4 + _stream(md, "audio", frames // 2)

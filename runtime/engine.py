@@ -49,6 +49,9 @@ class Engine:
         self.fit_note = self.estimate = None
         shape = read_shape(paths) if settings.check_memory or settings.flash_attn == "auto" else None
         self.flash_attn = choose_flash_attn(settings, shape)
+        # The encoder's attention runs flash unless told off: it never materialises the scores
+        # of every patch pair, which for a large picture are gigabytes (docs/DESIGN.md, "Media").
+        encoder_flash = settings.flash_attn != "off"
         self.extra_buffers = extra_buffers(settings)
         settings = replace(settings, flash_attn=self.flash_attn)
         if settings.check_memory:  # before anything is allocated
@@ -90,7 +93,7 @@ class Engine:
         self.notes += context_notes(settings.n_ctx, self.n_ctx, settings.n_seq_max, self.model.n_ctx_train,
                                     self.model.meta)
         try:
-            self.projector = self._projector(settings.mmproj, n_threads)
+            self.projector = self._projector(settings.mmproj, n_threads, encoder_flash)
         except BaseException:
             self.close()
             raise
@@ -101,13 +104,13 @@ class Engine:
         self.digest: str | None = None  # the model file's sha256, when the store knows it
         self.load_ms = (time.perf_counter() - started) * 1000
 
-    def _projector(self, path: Path | None, n_threads: int):
+    def _projector(self, path: Path | None, n_threads: int, flash: bool):
         if path is None:
             return None
         from tallow.runtime.backend.media import Projector
         from tallow.runtime.media import MARKER
 
-        return Projector(self.model, path, n_threads, MARKER)
+        return Projector(self.model, path, n_threads, MARKER, flash=flash)
 
     # -- prompts ---------------------------------------------------------------------------
     def chat_template(self):

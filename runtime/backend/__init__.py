@@ -73,6 +73,11 @@ def listen_to_logs(fn) -> None:
     _log_listeners.append(fn)
 
 
+def stop_listening(fn) -> None:
+    if fn in _log_listeners:
+        _log_listeners.remove(fn)
+
+
 def quantize(source: Path, output: Path, ftype: int, *, threads: int = 0, allow_requantize: bool = False,
              leave_output_tensor: bool = False, pure: bool = False, output_tensor_type: int | None = None,
              token_embedding_type: int | None = None, imatrix: dict | None = None, dry_run: bool = False) -> int:

@@ -13,6 +13,7 @@ import ctypes
 import threading
 from pathlib import Path
 
+import llama_cpp.llama_cpp as C
 import llama_cpp.mtmd_cpp as M
 
 from tallow.runtime import interrupt
@@ -54,13 +55,17 @@ class Chunk:
 class Projector:
     """An mtmd context: the projector file bound to a loaded text model."""
 
-    def __init__(self, model: Model, path: Path, n_threads: int, marker: str, use_gpu: bool = False) -> None:
+    def __init__(self, model: Model, path: Path, n_threads: int, marker: str, use_gpu: bool = False,
+                 flash: bool = True, warmup: bool = False) -> None:
         _route_logs()
         params = M.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.print_timings = False
         params.n_threads = n_threads
-        params.warmup = False
+        # Without a warmup clip leaves "auto" unresolved and runs attention without flash, so
+        # say which; a warmup (an encode of the largest picture at load) is not worth its time.
+        params.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.warmup = warmup
         self._marker = marker.encode("utf-8")
         params.media_marker = self._marker
         clear_log_tail()
