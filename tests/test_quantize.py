@@ -84,24 +84,11 @@ def test_perplexity_orders_as_expected(quantized, f16_model):
 
 def independent_nlls(path, wins: list[list[int]], n_ctx: int) -> list:
     """Each window's negative log-likelihoods of its scored half, through llama-cpp-python's
-    high-level API with logits for every position and a log-softmax of its own. Without
-    repacked weights: the high-level API has no switch for them, and llama.cpp's AMX kernels
-    crash on some CPUs (ggml-org/llama.cpp#20824; tallow's own loads probe for that first)."""
-    import llama_cpp.llama_cpp as C
-    from llama_cpp import Llama
+    high-level API with logits for every position and a log-softmax of its own, without
+    repacked weights (helpers/highlevel.py)."""
+    from helpers.highlevel import high_level_llama
 
-    defaults = C.llama_model_default_params
-
-    def no_repack():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    C.llama_model_default_params = no_repack
-    try:
-        llm = Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False, n_threads=2)
-    finally:
-        C.llama_model_default_params = defaults
+    llm = high_level_llama(path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=2)
     nll = []
     for w in wins:
         llm.reset()
