@@ -29,11 +29,29 @@ def machine_profile(threads: int | None, refresh: bool = False):
     return profile(settings.machine_cache(), probe_options(threads), notice, refresh=refresh)
 
 
+class LazyProfile:
+    """The machine profile, measured (or read from its cache) only when a load first reads it:
+    after every check that can fail first (the model is stored, the flags are valid), so a
+    mistake is told at once, not after a calibration."""
+
+    def __init__(self, threads: int | None) -> None:
+        self._threads = threads
+        self._profile = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # copy, pickle and the like look for these: not the profile's
+            raise AttributeError(name)
+        if self._profile is None:
+            self._profile = machine_profile(self._threads)
+        return getattr(self._profile, name)
+
+
 def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
     """LoadSettings from checked values and the CLI's settings: the context cap, debug logs,
-    this machine's profile and the engines' registry (the commands and tallow.api load alike)."""
+    this machine's profile (on demand) and the engines' registry (the commands and
+    tallow.api load alike)."""
     from tallow.runtime.types import LoadSettings
 
     return LoadSettings(n_ctx=ctx, ctx_cap=settings.context_length(), n_threads=threads, gpu_layers=gpu_layers,
-                        flash_attn=flash_attn, echo_logs=settings.debug(), machine=machine_profile(threads),
+                        flash_attn=flash_attn, echo_logs=settings.debug(), machine=LazyProfile(threads),
                         registry=settings.engines_dir())

@@ -29,14 +29,27 @@ def test_a_probe_that_crashes_turns_repacking_off_says_so_once_and_the_run_works
     assert first.stdout.strip()
     notes = [line for line in first.stderr.decode().splitlines() if "extra buffers are off" in line]
     assert len(notes) == 1 and "SIGSEGV" in notes[0], first.stderr.decode()
+    assert first.stderr.decode().count("note: measuring this machine once (~10 s") == 1  # said before it starts
     (profile,) = _profiles(tmp_path).values()
     assert profile["repack"] is False and profile["probed"] is True
     assert profile["timings"]["on"]["decode_0"] > 0  # the timings come from a second, clean child
     # the verdict is cached: the next command neither probes nor says it again
     second = run_tallow(["run", "smollm2:135m", "Say hi", "-n", "4", "--temperature", "0"], home=default_home, env=env)
     assert second.returncode == 0
-    assert "extra buffers" not in second.stderr.decode()
+    assert "extra buffers" not in second.stderr.decode() and "measuring" not in second.stderr.decode()
     assert _profiles(tmp_path)[profile["key"]]["calibrated_at"] == profile["calibrated_at"]
+
+
+@pytest.mark.parametrize("args", [["run", "smollm2:135m", "hi"], ["run", "smollm2:135m", "hi", "--ctx", "-4"],
+                                  ["chat", "nosuch:model"], ["serve", "nosuch:model"]])
+def test_nothing_is_measured_before_the_checks_that_can_fail(tmp_path, args):
+    """An empty home, offline: the model is not stored, or a flag is wrong. That is said at
+    once; the machine is not calibrated first (it would cost ~10 s)."""
+    done = run_tallow(args, home=tmp_path / "home", env=_env(tmp_path, TALLOW_OFFLINE="1"), timeout=60)
+    assert done.returncode != 0
+    err = done.stderr.decode()
+    assert "error:" in err and "measuring" not in err
+    assert not (tmp_path / "machine.json").exists()
 
 
 def test_a_hanging_probe_is_killed_at_its_time_limit(default_home, tmp_path):

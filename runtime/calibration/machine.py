@@ -248,6 +248,7 @@ def profile(path: Path, opts: ProbeOptions, notice: Callable[[str], None] = lamb
             return Profile(**cached)
         from tallow.runtime.devices import extra_buffer_types
 
+        notice("note: measuring this machine once (~10 s; the result is kept for later runs)")
         found = calibrate(full, key, list(extra_buffer_types()), opts, notice)
         profiles = _read(path).get("profiles", {})
         profiles[key] = found.to_dict()
