@@ -69,6 +69,8 @@ class Engine:
                                  related=settings.related_pids)
         self.gpu_layers = layers  # -1: all of them
         self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers)
+        # the layers that run on a GPU: none on a build that cannot offload, whatever was asked
+        self.offloaded_layers = 0 if not offload else self.model.n_layer if layers < 0 else min(layers, self.model.n_layer)
         try:
             if n_ctx is None:
                 n_ctx = default_context(settings, self.model.n_ctx_train)

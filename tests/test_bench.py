@@ -62,7 +62,26 @@ def test_save_and_compare(synth_model, tmp_path):
     assert "vs saved" in run_tallow(["bench", str(synth_model), *QUICK, "--compare", str(saved)], home=home).stdout.decode()
 
 
+def test_gpu_layers_default_to_what_run_uses_and_rows_say_what_ran(synth_model, tmp_path):
+    """auto by default, as run; on a build that cannot offload every row reports 0 layers on
+    the GPU, whatever was asked (llama-bench's field, resolved)."""
+    from tallow.runtime.backend import supports_gpu_offload
+
+    r = run_tallow(["bench", str(synth_model), "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-ngl", "auto,0,all",
+                    "-o", "json"], home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = json.loads(r.stdout)
+    assert len(rows) == 3
+    if not supports_gpu_offload():
+        assert [row["n_gpu_layers"] for row in rows] == [0, 0, 0]
+    else:
+        assert [row["n_gpu_layers"] for row in rows][1:] == [0, 2]  # the synthetic model's two layers
+    table = run_tallow(["bench", str(synth_model), "-p", "8", "-n", "0", "-r", "1", "-t", "1"], home=tmp_path)
+    assert table.returncode == 0 and "ngl" in table.stdout.decode()
+
+
 @pytest.mark.parametrize("args, message, code", [
+    (["-ngl", "most"], "use auto, all, or a number", 2),
     (["-o", "xml"], "table, json", 2),
     (["-t", "two"], "comma-separated", 2),
     (["-t", "0"], "numbers from 1 to", 2),

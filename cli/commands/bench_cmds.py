@@ -31,6 +31,10 @@ def _ints(value: str, flag: str, minimum: int = 0, maximum: int = 10_000_000) ->
     return out
 
 
+def _layer_choices(value: str) -> list[str]:
+    return [o.parse_gpu_layers(v) for v in value.split(",") if v.strip()] or [o.parse_gpu_layers("")]
+
+
 def bench(
     models: list[str] = typer.Argument(..., help="Models to measure.", show_default=False, autocompletion=o.complete_model),
     n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="Prompt lengths for pp tests (0: none)."),
@@ -40,7 +44,8 @@ def bench(
     reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions of each test."),
     threads: Optional[str] = typer.Option(None, "-t", "--threads", help="Thread counts [default: physical cores].", show_default=False),
     batch: str = typer.Option("512", "-b", "--batch-size", help="Batch sizes."),
-    gpu_layers: str = typer.Option("0", "--gpu-layers", "-ngl", help="GPU layer counts."),
+    gpu_layers: str = typer.Option("auto", "--gpu-layers", "-ngl",
+                                   help="GPU layers, comma-separated: auto (what run uses), all, or a number."),
     ctk: str = typer.Option("f16", "--ctk", "--cache-type-k", help="K cache type."),
     ctv: str = typer.Option("f16", "--ctv", "--cache-type-v", help="V cache type."),
     flash_attn: str = typer.Option("auto", "--flash-attn", "-fa", help="Flash attention: auto, on or off."),
@@ -88,7 +93,7 @@ def bench(
                    "--ignore-eos": ignore_eos}
     if remote:
         o.refuse_local({"-pg": bool(pg), "-d": depth != "0", "-r": reps != 5, "-t": threads is not None, "-b": batch != "512",
-                        "--gpu-layers": gpu_layers != "0", "--ctk": ctk != "f16", "--ctv": ctv != "f16",
+                        "--gpu-layers": gpu_layers != "auto", "--ctk": ctk != "f16", "--ctv": ctv != "f16",
                         "-fa": flash_attn != "auto"})
         return _remote(models, remote[0], n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpot_ms, num_requests,
                        max_seconds, prompts, ignore_eos, output, save, compare)
@@ -102,7 +107,7 @@ def bench(
     from tallow.runtime.threads import physical_cores
 
     combos = list(itertools.product(_ints(threads, "-t", 1) if threads else [physical_cores()],
-                                    _ints(batch, "-b", 1), _ints(gpu_layers, "--gpu-layers")))
+                                    _ints(batch, "-b", 1), _layer_choices(gpu_layers)))
     baseline = _load_saved(compare) if compare else None
     local = [find_model(m, offline=offline or settings.offline()) for m in models]
     rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn)
@@ -167,14 +172,14 @@ def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_a
             sched = Scheduler.load(model.paths, load, SchedulerSettings(parallel=n, max_queue=n))
             try:
                 res = B.run_parallel(sched, n_prompt, n_gen, reps)
-                flash = sched.engine.flash_attn
+                flash, offloaded = sched.engine.flash_attn, sched.engine.offloaded_layers
             finally:
                 sched.close()
             samples = res.samples_ts
             rows.append({
                 "model_filename": str(model.path), "model_name": model.name,
                 "model_size": sum(p.stat().st_size for p in model.paths), "model_n_params": params,
-                "n_batch": load.n_batch, "n_ubatch": load.n_batch, "n_threads": n_threads, "n_gpu_layers": ngl,
+                "n_batch": load.n_batch, "n_ubatch": load.n_batch, "n_threads": n_threads, "n_gpu_layers": offloaded,
                 "type_k": ctk, "type_v": ctv, "flash_attn": flash, "n_prompt": n_prompt, "n_gen": n_gen,
                 "n_depth": 0, "n_parallel": n, "test": f"pp{n_prompt}+tg{n_gen} x{n}",
                 "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -259,7 +264,7 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
                     row = {
                         "model_filename": str(model.path), "model_name": model.name, "model_size": size,
                         "model_n_params": info.n_params, "model_type": f"{info.architecture} {info.file_type}",
-                        "n_batch": n_batch, "n_ubatch": n_batch, "n_threads": n_threads, "n_gpu_layers": ngl,
+                        "n_batch": n_batch, "n_ubatch": n_batch, "n_threads": n_threads, "n_gpu_layers": engine.offloaded_layers,
                         "type_k": ctk, "type_v": ctv, "flash_attn": engine.flash_attn, "n_prompt": test.n_prompt,
                         "n_gen": test.n_gen, "n_depth": test.n_depth, "test": test.name,
                         "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **s,

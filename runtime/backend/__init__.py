@@ -193,6 +193,7 @@ class Model:
         self.vocab = C.llama_model_get_vocab(ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = C.llama_model_n_ctx_train(ptr)
+        self.n_layer = C.llama_model_n_layer(ptr)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos, self.sep = C.llama_vocab_eos(self.vocab), C.llama_vocab_sep(self.vocab)
