@@ -13,11 +13,28 @@ import threading
 from collections import deque
 from pathlib import Path
 
-import llama_cpp.llama_cpp as C
-
 from tallow.runtime import interrupt
 from tallow.runtime.errors import BackendError
 from tallow.runtime.types import ContextParams, SamplerParams  # noqa: F401 - the parameters of Context and Sampler
+
+
+def load_failure(exc: BaseException, what: str = "llama.cpp") -> BackendError:
+    """The one-line error for bindings whose shared library will not load. The common case: a
+    CUDA build (ggml's VMM on, the default) links libcuda.so.1, which only the NVIDIA driver
+    installs, so on a machine without one even the import fails."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "libcuda" in detail:
+        hint = ("this llama-cpp-python was built for CUDA and needs the NVIDIA driver; to run on the CPU of a machine"
+                " without one, rebuild it with -DGGML_CUDA_NO_VMM=ON (the README's GPU section)")
+    else:
+        hint = "reinstall it: pip install --no-cache-dir --force-reinstall llama-cpp-python"
+    return BackendError(f"{what} could not be loaded: {detail}", hint)
+
+
+try:
+    import llama_cpp.llama_cpp as C
+except (OSError, RuntimeError) as _exc:
+    raise load_failure(_exc) from None
 
 _init_lock = threading.Lock()
 _initialized = False

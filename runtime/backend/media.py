@@ -14,10 +14,14 @@ import threading
 from pathlib import Path
 
 import llama_cpp.llama_cpp as C
-import llama_cpp.mtmd_cpp as M
 
 from tallow.runtime import interrupt
-from tallow.runtime.backend import Context, Model, clear_log_tail, last_log_error, log_sink
+from tallow.runtime.backend import Context, Model, clear_log_tail, last_log_error, load_failure, log_sink
+
+try:
+    import llama_cpp.mtmd_cpp as M
+except (OSError, RuntimeError) as _exc:
+    raise load_failure(_exc, "libmtmd") from None
 from tallow.runtime.errors import BackendError
 from tallow.runtime.media import Media
 
