@@ -52,6 +52,7 @@ def _ggml():
         ("ggml_backend_dev_memory", None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
         ("ggml_backend_dev_backend_reg", vp, [vp]), ("ggml_backend_reg_name", ctypes.c_char_p, [vp]),
         ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
+        ("ggml_backend_reg_count", sz, []), ("ggml_backend_reg_get", vp, [sz]),
     ]:
         fn = getattr(ggml, name)
         fn.restype, fn.argtypes = res, args
@@ -80,6 +81,15 @@ def devices() -> list[Device]:
                             _DEVICE_TYPES.get(ggml.ggml_backend_dev_type(dev), "other"),
                             _text(ggml.ggml_backend_reg_name(reg)) if reg else "", free.value, total.value))
     return found
+
+
+def backends() -> list[str]:
+    """The backends this llama.cpp build registers ("CPU", "Vulkan", "CUDA", ...)."""
+    libs = _ggml()
+    if libs is None:
+        return []
+    ggml, _ = libs
+    return [_text(ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i))) for i in range(ggml.ggml_backend_reg_count())]
 
 
 def gpu_free_memory() -> int | None:

@@ -73,6 +73,7 @@ def _check(checks: list, name: str, fn):
 def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
     import psutil
 
+    from tallow.cli.gpu import gpu_unused
     from tallow.cli.machine import machine_profile
     from tallow.cli.version import version
     from tallow.runtime.calibration.machine import cpu_facts
@@ -88,12 +89,12 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
 
         backend.init()
         from tallow.runtime.calibration.machine import build_facts
-        from tallow.runtime.devices import devices
+        from tallow.runtime.devices import backends, devices
 
         info = {"llama_cpp_python": build_facts()["llama_cpp_python"], "system_info": backend.system_info()}
-        return {"info": info, "devices": [d.__dict__ for d in devices()]}
+        return {"info": info, "devices": [d.__dict__ for d in devices()], "backends": backends()}
 
-    lib = _check(checks, "llama.cpp", llama) or {"info": {}, "devices": []}
+    lib = _check(checks, "llama.cpp", llama) or {"info": {}, "devices": [], "backends": []}
     prof = _check(checks, "calibration", lambda: machine_profile(threads, refresh=recalibrate))
     vm = psutil.virtual_memory()
     home = settings.home()
@@ -108,7 +109,9 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
         "flash_attn": None if prof is None else _fa_summary(prof),
         "calibration": None if prof is None else {"key": prof.key, "seconds": prof.seconds,
                                                   "file": str(settings.machine_cache())},
+        "backends": lib["backends"],
         "devices": lib["devices"],
+        "gpu_unused": gpu_unused(lib["devices"]) if lib["backends"] else None,
         "memory": {"total": vm.total, "available": vm.available},
         "paths": {"home": str(home), "models": str(settings.models_dir()), "models_bytes": _dir_size(settings.models_dir()),
                   "prompt_cache": str(settings.prompt_cache_dir()), "prompt_cache_bytes": _dir_size(settings.prompt_cache_dir())},
@@ -153,6 +156,11 @@ def _render(d: dict) -> None:
         rows.append(("flash attn", f"decode tok/s at depth 0 / {f['depth']}: on {f['on']['decode_0']:.0f} / "
                      f"{f['on']['decode_deep']:.0f}, off {f['off']['decode_0']:.0f} / {f['off']['decode_deep']:.0f} "
                      "(calibration model; chosen per context)"))
+    if d["backends"]:
+        rows.append(("backends", ", ".join(d["backends"])))
+    if d["gpu_unused"]:
+        g = d["gpu_unused"]
+        rows.append(("GPU", f"{g['gpu']} found, but this llama.cpp cannot use it; rebuild: {g['command']}"))
     for dev in d["devices"]:
         rows.append(("device", f"{dev['name']} ({dev['kind']}, {dev['description']}): "
                      f"{human_bytes(dev['free'])} free of {human_bytes(dev['total'])}"))
