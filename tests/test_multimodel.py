@@ -80,7 +80,7 @@ def test_two_models_answer_interleaved_requests(files, tmp_path):
 
 
 def test_least_recently_used_model_unloads_at_max_models(home):
-    s = Server(None, home, "--max-models", "2", "--parallel", "1", "--model-option", "c:tiny parallel=3 ctx=3072")
+    s = Server(None, home, "--max-models", "2", "--parallel", "1", "--model-option", "c:tiny parallel=3 ctx=3072 gpu_layers=0")
     try:
         assert "on demand" in s.log[-1] and loaded(s) == {}
         for m in ("a:tiny", "b:tiny", "c:tiny"):

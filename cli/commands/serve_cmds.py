@@ -49,7 +49,7 @@ def serve(
     max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
-    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N' (repeatable).", show_default=False),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N' (repeatable).", show_default=False),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
     offline: o.Offline = False,
 ) -> None:
@@ -142,14 +142,19 @@ def _model_options(values: list[str]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for value in values:
         name, *pairs = value.split()
-        opts = {}
+        opts: dict = {}
         for pair in pairs:
             k, _, v = pair.partition("=")
+            if k == "gpu_layers" and (v in ("auto", "all") or v.isdigit()):
+                opts[k] = v
+                continue
             if k not in ("parallel", "ctx") or not v.isdigit() or int(v) < 1:
-                raise typer.BadParameter(f"{pair!r}: use parallel=N or ctx=N (whole numbers)", param_hint="--model-option")
+                raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers) or gpu_layers=auto|all|N",
+                                         param_hint="--model-option")
             opts[k] = int(v)
         if not opts:
-            raise typer.BadParameter(f"{value!r} sets nothing: write 'MODEL parallel=N ctx=N'", param_hint="--model-option")
+            raise typer.BadParameter(f"{value!r} sets nothing: write 'MODEL parallel=N ctx=N gpu_layers=N'",
+                                     param_hint="--model-option")
         out[name] = opts
     return out
 
