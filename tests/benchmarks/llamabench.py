@@ -27,14 +27,16 @@ def llama_bench(explicit: str | None = None) -> Path:
     return llama_tool("llama-bench", explicit or os.environ.get("TALLOW_LLAMA_BENCH"))
 
 
-def llama_tool(target: str, explicit: str | None = None) -> Path:
+def llama_tool(target: str, explicit: str | None = None, flavour: str = "", cmake_args: tuple[str, ...] = ()) -> Path:
     """A llama.cpp tool (llama-bench, llama-perplexity, llama-server) built once from the source
-    llama-cpp-python vendors; `explicit` names a binary instead."""
+    llama-cpp-python vendors; `explicit` names a binary instead. A `flavour` ("vulkan",
+    "cuda") builds into a folder of its own with its `cmake_args` (the backend's flags)."""
     if explicit:
         return Path(explicit)
     ver = version("llama-cpp-python")
     src = CACHE / f"llama.cpp-{ver}"
-    out = src / "build" / "bin" / target
+    build = src / (f"build-{flavour}" if flavour else "build")
+    out = build / "bin" / target
     if out.exists():
         return out
     if not (src / "CMakeLists.txt").exists():
@@ -50,10 +52,10 @@ def llama_tool(target: str, explicit: str | None = None) -> Path:
                     m.name = m.name[len(prefix):]
                 tf.extractall(src, members=[m for m in members if m.name], filter="data")
     print(f"building {target} (once) ...", file=sys.stderr)
-    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"],
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", *cmake_args],
                    check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(src / "build"), "--target", target, "-j", str(os.cpu_count() or 2)],
+    subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)],
                    check=True, stdout=subprocess.DEVNULL)
     return out
 
