@@ -88,6 +88,9 @@ class RemoteEngine:
     def served_at(self) -> str:
         return self.endpoint.url
 
+    def load_facts(self) -> None:
+        return None  # the server decided, and does not say
+
     def logprob_entries(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
         return self.last.logprobs  # as the server gave them
 

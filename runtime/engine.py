@@ -48,7 +48,7 @@ class Engine:
         offload = backend.supports_gpu_offload()
         self.fit_note = self.estimate = None
         shape = read_shape(paths) if settings.check_memory or settings.flash_attn == "auto" else None
-        self.flash_attn = choose_flash_attn(settings, shape)
+        self.flash_attn = choose_flash_attn(settings, shape, offload)
         # The encoder's attention runs flash unless told off: it never materialises the scores
         # of every patch pair, which for a large picture are gigabytes (docs/DESIGN.md, "Media").
         encoder_flash = settings.flash_attn != "off"
@@ -173,6 +173,12 @@ class Engine:
         return [resample(m, self.projector.sample_rate) if m.kind == "audio" else m for m in media]
 
     served_at = None  # this machine answers (runtime/protocol.py)
+
+    def load_facts(self) -> dict[str, Any]:
+        """What this load decided, for --json: "auto" flash attention is the calibration's choice
+        for the context's work on the CPU, and llama.cpp's own where layers run on a GPU."""
+        return {"flash_attn": self.flash_attn, "gpu_layers": self.offloaded_layers, "extra_buffers": self.extra_buffers,
+                "n_ctx": self.n_ctx, "threads": self.n_threads}
 
     def logprob_entries(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
         """The tokens' log-probabilities as the API gives them (`logprobs.content`)."""

@@ -52,11 +52,17 @@ def read_shape(paths: list[Path]):
     return Shape.from_gguf([read_gguf(p) for p in paths])
 
 
-def choose_flash_attn(settings: LoadSettings, shape) -> str:
-    """--flash-attn, or for "auto" what this machine's timings say suits the context's work."""
+def choose_flash_attn(settings: LoadSettings, shape, offload_supported: bool = False) -> str:
+    """--flash-attn, or for "auto" what this machine's timings say suits the context's work.
+    Where the layers go to a GPU the CPU's timings say nothing: "auto" is left to llama.cpp,
+    which turns flash attention on where the device supports it (as llama-server does)."""
     from tallow.runtime.calibration.machine import Workload
 
-    if settings.flash_attn != "auto" or settings.machine is None or shape is None:
+    if settings.flash_attn != "auto":
+        return settings.flash_attn
+    if offload_supported and settings.gpu_layers != "0":
+        return "auto"
+    if settings.machine is None or shape is None:
         return settings.flash_attn
     if settings.type_v not in ("f16", "bf16", "f32"):
         return "on"  # llama.cpp needs flash attention for a quantized V cache
@@ -91,7 +97,7 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     from tallow.models.memory import CTX_STEP, available_memory, check_fit, estimate, largest_context, layers_for_vram
 
     shape = shape or read_shape(paths)
-    settings = replace(settings, flash_attn=choose_flash_attn(settings, shape))
+    settings = replace(settings, flash_attn=choose_flash_attn(settings, shape, offload_supported))
     ram = settings.memory if settings.memory is not None else available_memory()
     kw: dict[str, Any] = dict(type_k=settings.type_k, type_v=settings.type_v, n_batch=settings.n_batch,
                               n_seq=settings.n_seq_max, flash_attn=settings.flash_attn != "off",

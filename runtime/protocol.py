@@ -42,3 +42,7 @@ class Generating(Protocol):
     def served_at(self) -> str | None:
         """The server's address when a server answers; None for this machine's engine."""
         ...
+
+    def load_facts(self) -> dict[str, Any] | None:
+        """What the load decided (flash attention, layers on a GPU, ...); None for a server."""
+        ...

@@ -50,6 +50,11 @@ def test_json_usage_and_timings_are_consistent(default_home, default_engine):
     assert t["itl_p50_ms"] <= t["itl_p95_ms"]
     assert t["prefill_tps"] == pytest.approx(u["prompt_tokens"] / t["prefill_ms"] * 1000, rel=0.01)
     assert t["decode_tps"] == pytest.approx(30 / t["decode_ms"] * 1000, rel=0.01)
+    from tallow.runtime.backend import supports_gpu_offload
+
+    load = data["load"]  # what the load decided: on a CPU build, the calibration's flash attention
+    assert load["flash_attn"] in ("on", "off") if not supports_gpu_offload() else load["flash_attn"] == "auto"
+    assert load["gpu_layers"] == (0 if not supports_gpu_offload() else 30) and load["n_ctx"] >= 64
 
 
 @pytest.mark.slow

@@ -135,6 +135,8 @@ def run(
                         tokens=tokens if logprobs is not None else None)
         if as_json or tool_spec is not None:
             out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
+            if (facts := engine.load_facts()) is not None:
+                out["load"] = facts
             if tool_spec is not None:
                 out.update(_calls(request, final, _tool_choice(engine, tool_spec)))
             if logprobs is not None:

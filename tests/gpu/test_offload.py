@@ -43,8 +43,11 @@ def _agree(cpu: dict, gpu: dict) -> None:
 
 def test_greedy_answers_agree_with_every_layer_count(default_home):
     cpu = _answer(default_home, "0")
-    for layers in ("all", "15"):
-        _agree(cpu, _answer(default_home, layers))
+    assert cpu["load"]["gpu_layers"] == 0 and cpu["load"]["flash_attn"] in ("on", "off")  # the CPU's calibration
+    for layers, on_gpu in (("all", 30), ("15", 15)):
+        answer = _answer(default_home, layers)
+        assert answer["load"]["gpu_layers"] == on_gpu and answer["load"]["flash_attn"] == "auto"  # llama.cpp's choice
+        _agree(cpu, answer)
 
 
 def test_the_planners_device_figure_is_what_llama_cpp_allocates(default_model):
