@@ -19,6 +19,10 @@ Model = Annotated[str, typer.Argument(help="A stored model name, a known name su
 Ctx = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens [default: TALLOW_CONTEXT_LENGTH, capped at the model's trained length].", show_default=False)]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads [default: the physical cores that are free, followed while decoding].", show_default=False)]
 GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to a GPU: auto (all when the build can offload, else 0), all, or N.")]
+Device = Annotated[Optional[str], typer.Option("--device", help="GPUs to use, comma-separated, as ggml names them (Vulkan0,CUDA1; tallow doctor lists them) [default: every GPU].", show_default=False)]
+MainGpu = Annotated[int, typer.Option("--main-gpu", min=0, help="With --split-mode none: the GPU that holds the whole model (an index into --device).")]
+SplitMode = Annotated[str, typer.Option("--split-mode", help="Over several GPUs: none (one GPU), layer (whole layers each) or row.")]
+TensorSplit = Annotated[Optional[str], typer.Option("--tensor-split", help="Each GPU's share of the model, comma-separated (e.g. 3,1) [default: by free memory].", show_default=False)]
 FlashAttn = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto (from this machine's measurements, per context), on or off.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Never open a network connection (also TALLOW_OFFLINE=1).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of text.")]
@@ -153,6 +157,32 @@ def parse_gpu_layers(value: str) -> str:
     if value in ("auto", "all") or (value.isdigit()):
         return value
     raise typer.BadParameter("use auto, all, or a number of layers", param_hint="--gpu-layers")
+
+
+def placement(device: str | None, main_gpu: int = 0, split_mode: str = "layer", tensor_split: str | None = None):
+    """--device, --main-gpu, --split-mode and --tensor-split, checked (whether the devices
+    exist is the load's to say: runtime/devices.gpu_handles)."""
+    from tallow.runtime.types import Placement
+
+    devices = tuple(d.strip() for d in (device or "").split(",") if d.strip())
+    if device is not None and not devices:
+        raise typer.BadParameter("name one or more devices, e.g. Vulkan0 or CUDA0,CUDA1", param_hint="--device")
+    mode = split_mode.strip().lower()
+    if mode not in Placement.SPLIT_MODES:
+        raise typer.BadParameter(f"{split_mode!r}: use none, layer or row", param_hint="--split-mode")
+    if devices and main_gpu >= len(devices):
+        raise typer.BadParameter(f"{main_gpu} is not an index into the {len(devices)} device(s) of --device",
+                                 param_hint="--main-gpu")
+    shares: tuple[float, ...] = ()
+    if tensor_split is not None:
+        try:
+            shares = tuple(float(v) for v in tensor_split.split(","))
+        except ValueError:
+            shares = (-1.0,)
+        if not shares or min(shares) < 0 or sum(shares) <= 0 or (devices and len(shares) > len(devices)):
+            raise typer.BadParameter("give each GPU's share as numbers >= 0, one per device (e.g. 3,1)",
+                                     param_hint="--tensor-split")
+    return Placement(devices, main_gpu, mode, shares)
 
 
 def parse_flash_attn(value: str) -> str:

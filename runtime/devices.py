@@ -92,6 +92,27 @@ def backends() -> list[str]:
     return [_text(ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i))) for i in range(ggml.ggml_backend_reg_count())]
 
 
+def gpu_handles(names: tuple[str, ...]) -> list[int]:
+    """ggml's handles of the named GPU devices, in order; an unknown name, or a CPU, is refused
+    with the names this build has."""
+    from tallow.runtime.errors import BackendError
+
+    libs = _ggml()
+    found: dict[str, int] = {}
+    if libs is not None:
+        ggml = libs[0]
+        for i in range(ggml.ggml_backend_dev_count()):
+            dev = ggml.ggml_backend_dev_get(i)
+            if ggml.ggml_backend_dev_type(dev) in (1, 2, 3):  # gpu, igpu, accel
+                found[_text(ggml.ggml_backend_dev_name(dev))] = dev
+    for name in names:
+        if name not in found:
+            have = ", ".join(found) or "no GPU device"
+            raise BackendError(f"unknown device {name!r}: this llama.cpp has {have}",
+                               "tallow doctor lists the devices")
+    return [found[n] for n in names]
+
+
 def gpu_free_memory() -> int | None:
     """Free memory over the GPUs llama.cpp can use; None without one."""
     gpus = [d for d in devices() if d.kind in ("gpu", "igpu")]

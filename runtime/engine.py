@@ -68,7 +68,7 @@ class Engine:
         self.governor = Governor(physical_cores(), pinned, Registry(settings.registry) if settings.registry else None,
                                  related=settings.related_pids)
         self.gpu_layers = layers  # -1: all of them
-        self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers)
+        self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers, placement=settings.placement)
         # the layers that run on a GPU: none on a build that cannot offload, whatever was asked
         self.offloaded_layers = 0 if not offload else self.model.n_layer if layers < 0 else min(layers, self.model.n_layer)
         try:

@@ -9,6 +9,19 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Which GPUs a model's layers go to, in llama.cpp's terms (--device, --main-gpu,
+    --split-mode, --tensor-split)."""
+
+    devices: tuple[str, ...] = ()  # ggml device names (Vulkan0, CUDA1); (): every GPU
+    main_gpu: int = 0  # with split mode none: the one GPU (an index into the devices)
+    split_mode: str = "layer"  # none | layer | row
+    tensor_split: tuple[float, ...] = ()  # each device's share, in order
+
+    SPLIT_MODES = ("none", "layer", "row")
+
+
+@dataclass(frozen=True)
 class LoadSettings:
     """How to load a model; every field is explicit (the CLI resolves defaults from the environment)."""
 
@@ -35,6 +48,7 @@ class LoadSettings:
     embeddings: bool = False  # an embedding context (runtime/embedding/embed.py): pooled vectors, no sampling
     pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embedding/embed.py)
     mmproj: Path | None = None  # a projector (mmproj GGUF) for images in prompts (runtime/media.py)
+    placement: Placement = Placement()  # which GPUs, when there are several
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ class RunnerConfig:
     ctx: int | None = None
     threads: int | None = None
     gpu_layers: str = "auto"
+    device: str | None = None  # GPUs, comma-separated (serve --device; a model's device=)
+    main_gpu: int = 0
+    split_mode: str = "layer"
+    tensor_split: str | None = None
     flash_attn: str = "auto"
     no_cache: bool = False
     mmproj: str | None = None  # the model's projector, for images in requests

@@ -46,6 +46,10 @@ def bench(
     batch: str = typer.Option("512", "-b", "--batch-size", help="Batch sizes."),
     gpu_layers: str = typer.Option("auto", "--gpu-layers", "-ngl",
                                    help="GPU layers, comma-separated: auto (what run uses), all, or a number."),
+    device: o.Device = None,
+    main_gpu: o.MainGpu = 0,
+    split_mode: o.SplitMode = "layer",
+    tensor_split: o.TensorSplit = None,
     ctk: str = typer.Option("f16", "--ctk", "--cache-type-k", help="K cache type."),
     ctv: str = typer.Option("f16", "--ctv", "--cache-type-v", help="V cache type."),
     flash_attn: str = typer.Option("auto", "--flash-attn", "-fa", help="Flash attention: auto, on or off."),
@@ -93,7 +97,9 @@ def bench(
                    "--ignore-eos": ignore_eos}
     if remote:
         o.refuse_local({"-pg": bool(pg), "-d": depth != "0", "-r": reps != 5, "-t": threads is not None, "-b": batch != "512",
-                        "--gpu-layers": gpu_layers != "auto", "--ctk": ctk != "f16", "--ctv": ctv != "f16",
+                        "--gpu-layers": gpu_layers != "auto", "--device": device is not None,
+                        "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
+                        "--tensor-split": tensor_split is not None, "--ctk": ctk != "f16", "--ctv": ctv != "f16",
                         "-fa": flash_attn != "auto"})
         return _remote(models, remote[0], n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpot_ms, num_requests,
                        max_seconds, prompts, ignore_eos, output, save, compare)
@@ -110,10 +116,11 @@ def bench(
                                     _ints(batch, "-b", 1), _layer_choices(gpu_layers)))
     baseline = _load_saved(compare) if compare else None
     local = [find_model(m, offline=offline or settings.offline()) for m in models]
-    rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn)
+    place = o.placement(device, main_gpu, split_mode, tensor_split)
+    rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn, place)
     if parallel_ns:
         p, n = (_ints(n_prompt, "-p")[0] or 128), (_ints(n_gen, "-n")[0] or 32)
-        rows += _measure_parallel(local, parallel_ns, p, n, combos[0], min(reps, 3), ctk, ctv, flash_attn)
+        rows += _measure_parallel(local, parallel_ns, p, n, combos[0], min(reps, 3), ctk, ctv, flash_attn, place)
     if baseline is not None:
         for r in rows:
             old = baseline.get(tuple(r[k] for k in KEY))
@@ -152,7 +159,7 @@ def _remote(models, endpoint, n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpo
     bench_remote(endpoint, load, concurrency, rates, target, slo, output, save, compare)
 
 
-def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn) -> list[dict]:
+def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn, place) -> list[dict]:
     """Each N through the scheduler serve uses (a KV stream per slot, as serve loads it)."""
     import statistics
     from dataclasses import replace
@@ -168,7 +175,7 @@ def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_a
         params = sum(read_gguf(p).n_params for p in model.paths)
         for n in ns:
             load = replace(o.load_settings(n * (n_prompt + n_gen + 16), n_threads, str(ngl), flash_attn),
-                           n_batch=max(n_batch, n), type_k=ctk, type_v=ctv)
+                           n_batch=max(n_batch, n), type_k=ctk, type_v=ctv, placement=place)
             sched = Scheduler.load(model.paths, load, SchedulerSettings(parallel=n, max_queue=n))
             try:
                 res = B.run_parallel(sched, n_prompt, n_gen, reps)
@@ -231,7 +238,7 @@ def _load_saved(path: Path) -> dict:
         raise TallowError(f"cannot read saved results {path}: {exc}", "write them with tallow bench ... --save FILE") from exc
 
 
-def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
+def _measure(local, tests, combos, reps, ctk, ctv, flash_attn, place) -> list[dict]:
     from dataclasses import replace
 
     from tallow.models.gguf_file import read_gguf
@@ -249,7 +256,8 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn) -> list[dict]:
         info = read_gguf(model.path)
         size = sum(p.stat().st_size for p in model.paths)
         for n_threads, n_batch, ngl in combos:
-            load = replace(o.load_settings(n_ctx, n_threads, str(ngl), flash_attn), n_batch=n_batch, type_k=ctk, type_v=ctv)
+            load = replace(o.load_settings(n_ctx, n_threads, str(ngl), flash_attn), n_batch=n_batch, type_k=ctk, type_v=ctv,
+                           placement=place)
             with Engine(model.paths, load) as engine:
                 for test in tests:
                     status = err.status(f"{test.name}  t={n_threads} b={n_batch}") if animated(err) else None

@@ -48,6 +48,10 @@ def chat(
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
+    device: o.Device = None,
+    main_gpu: o.MainGpu = 0,
+    split_mode: o.SplitMode = "layer",
+    tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
     raw: o.Raw = False,
     mmproj: o.Mmproj = None,
@@ -73,7 +77,8 @@ def chat(
     """
     remote = o.endpoints(endpoint, api_key, offline)
     if remote:
-        o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+        o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
+                        "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None})
     grammar, schema = o.structured(format_, json_schema)
@@ -83,7 +88,8 @@ def chat(
                                  grammar=grammar)
     load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
     if load is not None:
-        load = replace(load, mmproj=o.checked_mmproj(mmproj))
+        load = replace(load, mmproj=o.checked_mmproj(mmproj),
+                       placement=o.placement(device, main_gpu, split_mode, tensor_split))
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),

@@ -52,6 +52,10 @@ def run(
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
+    device: o.Device = None,
+    main_gpu: o.MainGpu = 0,
+    split_mode: o.SplitMode = "layer",
+    tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
     raw: o.Raw = False,
     image: o.Image = None,
@@ -87,7 +91,8 @@ def run(
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
     remote = o.endpoints(endpoint, api_key, offline)
     if remote:
-        o.refuse_local({"--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
+        o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
+                        "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
                         "--image": bool(image), "--audio": bool(audio),
@@ -106,7 +111,8 @@ def run(
     text, document = (None, None) if interactive else (prompt, None) if stdin_media else read_prompt(prompt)
     load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn)
     if load is not None:
-        load = replace(load, mmproj=o.checked_mmproj(mmproj))
+        load = replace(load, mmproj=o.checked_mmproj(mmproj),
+                       placement=o.placement(device, main_gpu, split_mode, tensor_split))
     if load is not None and text is not None:
         load = o.one_shot(load, text, max_tokens, draft is not None)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,

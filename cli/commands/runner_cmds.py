@@ -45,6 +45,7 @@ def runner(
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
     load = o.with_draft(o.load_settings(c.ctx, c.threads, c.gpu_layers, c.flash_attn), c.draft)
+    load = replace(load, placement=o.placement(c.device, c.main_gpu, c.split_mode, c.tensor_split))
     if c.mmproj is not None:
         load = replace(load, mmproj=Path(c.mmproj))
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load

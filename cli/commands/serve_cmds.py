@@ -37,6 +37,10 @@ def serve(
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
+    device: o.Device = None,
+    main_gpu: o.MainGpu = 0,
+    split_mode: o.SplitMode = "layer",
+    tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
     no_cache: o.NoCache = False,
@@ -49,7 +53,7 @@ def serve(
     max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
-    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N' (repeatable).", show_default=False),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,...' (repeatable).", show_default=False),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
     offline: o.Offline = False,
 ) -> None:
@@ -88,10 +92,16 @@ def serve(
         if not budget:
             raise typer.BadParameter("give a size such as 8GB or 512MiB", param_hint="--memory-budget")
     per_model = _model_options(model_option or [])
+    place = o.placement(device, main_gpu, split_mode, tensor_split)  # checked here; each runner makes its own
+    if place.devices:
+        from tallow.runtime.devices import gpu_handles
+
+        gpu_handles(place.devices)  # an unknown device: one line now, not a runner that fails later
     sock = _listen(host, port)  # before loading: a taken port fails fast
     with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
         base = RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
+                            device=device, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,
                             flash_attn=o.parse_flash_attn(flash_attn), draft=draft, deterministic=deterministic,
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
@@ -148,8 +158,12 @@ def _model_options(values: list[str]) -> dict[str, dict]:
             if k == "gpu_layers" and (v in ("auto", "all") or v.isdigit()):
                 opts[k] = v
                 continue
+            if k == "device" and v:
+                o.placement(v)  # its form; whether the devices exist, the runner's load says
+                opts[k] = v
+                continue
             if k not in ("parallel", "ctx") or not v.isdigit() or int(v) < 1:
-                raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers) or gpu_layers=auto|all|N",
+                raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers), gpu_layers=auto|all|N or device=NAMES",
                                          param_hint="--model-option")
             opts[k] = int(v)
         if not opts:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tallow.runtime import interrupt
 from tallow.runtime.errors import BackendError
-from tallow.runtime.types import ContextParams, SamplerParams  # noqa: F401 - the parameters of Context and Sampler
+from tallow.runtime.types import ContextParams, Placement, SamplerParams  # noqa: F401 - Context's, Model's, Sampler's
 
 
 def load_failure(exc: BaseException, what: str = "llama.cpp") -> BackendError:
@@ -185,13 +185,18 @@ FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYP
 class Model:
     """A loaded model and its vocabulary."""
 
-    def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True, no_alloc: bool = False) -> None:
+    def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True, no_alloc: bool = False,
+                 placement: Placement | None = None) -> None:
         """`extra_buffers`: repacked weight layouts for faster CPU kernels (runtime/calibration/machine.py
-        decides); `no_alloc`: read the metadata and plan the buffers, allocate no weights."""
+        decides); `no_alloc`: read the metadata and plan the buffers, allocate no weights;
+        `placement`: which GPUs (runtime.types.Placement)."""
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_extra_bufts = extra_buffers
         params.no_alloc = no_alloc
+        from tallow.runtime.backend.placement import place
+
+        keep = place(params, placement) if placement is not None else None  # noqa: F841 - alive until loaded
         if no_alloc:
             params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: a no_alloc load must map nothing (as common/fit.cpp does)
         params.progress_callback = _progress_callback

@@ -303,7 +303,9 @@ class Pool:
         if not stopping and not self.closed.is_set():
             self.crashes += 1
             tail = " | ".join(line.strip() for line in runner.stderr if line.strip()) or "(nothing on stderr)"
-            runner.error = runner.error or (tail.split(" | ")[-1] if code == 1 else runner.exit_text())
+            lines = tail.split(" | ")
+            said = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")), lines[-1])
+            runner.error = runner.error or (said if code == 1 else runner.exit_text())  # its error line, not a hint
             self.log(f"runner for {runner.name} (pid {runner.pid}) ended: {runner.exit_text()}; its last lines: {tail}")
         runner.ready.set()
 

@@ -88,3 +88,13 @@ def test_bench_rows_at_no_and_all_layers(default_home):
     assert r.returncode == 0, r.stderr.decode()
     rows = json.loads(r.stdout)
     assert sorted({row["n_gpu_layers"] for row in rows}) == [0, 30]
+
+
+def test_a_named_device_takes_the_layers(default_home):
+    from tallow.runtime.devices import devices
+
+    gpu = next(d.name for d in devices() if d.kind in ("gpu", "igpu"))
+    r = run_tallow(["run", "smollm2:135m", PROMPT, "-n", "4", "--json", "--device", gpu, "--split-mode", "none",
+                    "--main-gpu", "0"], home=default_home, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout)["load"]["gpu_layers"] == 30
