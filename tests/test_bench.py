@@ -114,3 +114,23 @@ def test_parallel_rows_and_the_slo_verdict(synth_model, tmp_path):
     assert b"server SLO" in r.stderr and b"parallel sequences" in r.stderr
     bad = run_tallow(["bench", str(synth_model), "-r", "1", "--slo", "fast"], home=tmp_path)
     assert bad.returncode == 2 and b"interactive or server" in bad.stderr
+
+
+def test_flash_attention_auto_is_chosen_for_each_tests_own_work(synth_model):
+    """A prefill test and a decode test each get what the machine's timings say suits their
+    work (a stand-in profile here: flash attention on for prefill, off for decode)."""
+    from types import SimpleNamespace
+
+    from tallow.cli.commands.bench_cmds import flash_attn_groups
+    from tallow.runtime.bench import BenchTest
+    from tallow.runtime.types import LoadSettings
+
+    profile = SimpleNamespace(flash_attn_for=lambda shape, work: "on" if work.prompt_tokens > work.decode_tokens else "off")
+    tests = [BenchTest(512, 0, 0), BenchTest(0, 128, 0), BenchTest(256, 0, 1024)]
+    groups = flash_attn_groups(LoadSettings(flash_attn="auto", machine=profile), [synth_model], tests)
+    chosen = {load.flash_attn: [i for i, _ in group] for load, group in groups}
+    from tallow.runtime.backend import supports_gpu_offload
+
+    assert chosen == ({"auto": [0, 1, 2]} if supports_gpu_offload() else {"on": [0, 2], "off": [1]})
+    given = flash_attn_groups(LoadSettings(flash_attn="off", machine=profile), [synth_model], tests)
+    assert [(load.flash_attn, len(group)) for load, group in given] == [("off", 3)]

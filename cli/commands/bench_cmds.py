@@ -7,7 +7,7 @@ import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -17,6 +17,9 @@ from tallow.cli.models import find_model
 from tallow.cli.render import animated, emit_rows, err_console, human_bytes, human_count
 
 FORMATS = ("table", "json", "jsonl", "csv", "md")
+if TYPE_CHECKING:
+    from tallow.runtime.types import LoadSettings
+
 KEY = ("model_filename", "test", "n_threads", "n_batch", "n_gpu_layers", "type_k", "type_v", "flash_attn")
 
 
@@ -254,37 +257,70 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn, place) -> list[di
     rows = []
     for model in local:
         info = read_gguf(model.path)
-        size = sum(p.stat().st_size for p in model.paths)
         for n_threads, n_batch, ngl in combos:
             load = replace(o.load_settings(n_ctx, n_threads, str(ngl), flash_attn), n_batch=n_batch, type_k=ctk, type_v=ctv,
                            placement=place)
-            with Engine(model.paths, load) as engine:
-                for test in tests:
-                    status = err.status(f"{test.name}  t={n_threads} b={n_batch}") if animated(err) else None
-                    if status:
-                        status.start()
-                    try:
-                        res = B.run_test(engine, test, reps, _rep_counter(status, test.name, reps))
-                    finally:
-                        if status:
-                            status.stop()
-                    s = B.summarize(res)
-                    row = {
-                        "model_filename": str(model.path), "model_name": model.name, "model_size": size,
-                        "model_n_params": info.n_params, "model_type": f"{info.architecture} {info.file_type}",
-                        "n_batch": n_batch, "n_ubatch": n_batch, "n_threads": n_threads, "n_gpu_layers": engine.offloaded_layers,
-                        "type_k": ctk, "type_v": ctv, "flash_attn": engine.flash_attn, "n_prompt": test.n_prompt,
-                        "n_gen": test.n_gen, "n_depth": test.n_depth, "test": test.name,
-                        "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **s,
-                        "bandwidth_bytes_per_s": bandwidth,
-                        "bytes_per_token": None, "bandwidth_fraction": None,
-                    }
-                    if test.n_gen and not test.n_prompt:
-                        per_token = B.bytes_per_token(info, test.n_depth + test.n_gen // 2, ctk, ctv)
-                        row["bytes_per_token"] = per_token
-                        row["bandwidth_fraction"] = s["avg_ts"] * per_token / bandwidth
-                    rows.append(row)
+            done: list[tuple[int, dict]] = []
+            for group_load, group in flash_attn_groups(load, model.paths, tests):
+                with Engine(model.paths, group_load) as engine:
+                    for index, test in group:
+                        res = _timed(err, engine, test, reps, f"{test.name}  t={n_threads} b={n_batch}")
+                        done.append((index, _row(model, info, engine, load, test, B.summarize(res), bandwidth)))
+            rows += [row for _, row in sorted(done, key=lambda r: r[0])]
     return rows
+
+
+def _timed(err, engine, test, reps: int, label: str):
+    from tallow.runtime import bench as B
+
+    status = err.status(label) if animated(err) else None
+    if status:
+        status.start()
+    try:
+        return B.run_test(engine, test, reps, _rep_counter(status, test.name, reps))
+    finally:
+        if status:
+            status.stop()
+
+
+def _row(model, info, engine, load, test, s: dict, bandwidth: float) -> dict:
+    from tallow.runtime import bench as B
+
+    row = {
+        "model_filename": str(model.path), "model_name": model.name, "model_size": sum(p.stat().st_size for p in model.paths),
+        "model_n_params": info.n_params, "model_type": f"{info.architecture} {info.file_type}",
+        "n_batch": load.n_batch, "n_ubatch": load.n_batch, "n_threads": load.n_threads,
+        "n_gpu_layers": engine.offloaded_layers, "type_k": load.type_k, "type_v": load.type_v,
+        "flash_attn": engine.flash_attn, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
+        "test": test.name, "test_time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **s,
+        "bandwidth_bytes_per_s": bandwidth, "bytes_per_token": None, "bandwidth_fraction": None,
+    }
+    if test.n_gen and not test.n_prompt:
+        per_token = B.bytes_per_token(info, test.n_depth + test.n_gen // 2, load.type_k, load.type_v)
+        row["bytes_per_token"] = per_token
+        row["bandwidth_fraction"] = s["avg_ts"] * per_token / bandwidth
+    return row
+
+
+def flash_attn_groups(load: LoadSettings, paths, tests) -> list[tuple[LoadSettings, list]]:
+    """The tests, numbered, grouped by the flash attention that "auto" chooses for each test's
+    own work (prefill and decode can want it differently: on this kind of AMD CPU prefill ran
+    3x faster with it and decode 1.35x slower); one group when the flag names it."""
+    from dataclasses import replace
+
+    from tallow.runtime.backend import supports_gpu_offload
+    from tallow.runtime.calibration.machine import Workload
+    from tallow.runtime.loadplan import choose_flash_attn, read_shape
+
+    numbered = list(enumerate(tests))
+    if load.flash_attn != "auto":
+        return [(load, numbered)]
+    shape, offload = read_shape(list(paths)), supports_gpu_offload()
+    groups: dict[str, list] = {}
+    for index, test in numbered:
+        work = Workload(test.n_depth + test.n_prompt, test.n_gen)
+        groups.setdefault(choose_flash_attn(replace(load, workload=work), shape, offload), []).append((index, test))
+    return [(replace(load, flash_attn=choice), group) for choice, group in groups.items()]
 
 
 def _emit(rows: list[dict], output: str) -> None:
