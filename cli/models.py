@@ -37,6 +37,7 @@ def pull_options(offline: bool, force: bool = False, mmproj: str | None = None, 
         verify=verify_model,
         verify_projector=verify_projector,
         mmproj=mmproj,
+        ctx_cap=settings.context_length(),
         no_mmproj=no_mmproj,
     )
 

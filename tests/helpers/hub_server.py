@@ -9,6 +9,8 @@ advertised sha256, demand a token (private), refuse as gated, or go slowly.
 
 from __future__ import annotations
 
+import re
+
 import hashlib
 import http.server
 import json
@@ -23,7 +25,8 @@ class FakeHub:
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, Path]] = {}
         self.requests: list[tuple[str, str, dict]] = []
-        self.ranges: list[int] = []
+        self.ranges: list[int] = []  # where resumed downloads started
+        self.bounded: list[tuple[int, int]] = []  # bounded range reads: (start, stop)
         self.mode = "ok"  # ok | cut | corrupt | private | gated | slow
         self.token = "hf_secret"
         self._sha: dict[Path, str] = {}
@@ -42,7 +45,9 @@ class FakeHub:
         return self._sha[file]
 
     def downloads(self, path: str) -> int:
-        return sum(1 for method, p, _ in self.requests if method == "GET" and p.endswith("/" + path) and "/resolve/" in p)
+        """GETs of a file, not counting bounded range reads (a header read before a download)."""
+        return sum(1 for method, p, headers in self.requests if method == "GET" and p.endswith("/" + path)
+                   and "/resolve/" in p and not re.fullmatch(r"bytes=\d+-\d+", headers.get("Range", "")))
 
     def close(self) -> None:
         self.server.shutdown()
@@ -116,9 +121,11 @@ class FakeHub:
                         data[len(data) // 2] ^= 0xFF
                         bad.write_bytes(bytes(data))
                         file = bad
-                    state = {"mode": "truncate" if hub.mode == "cut" else "ok", "ranges": hub.ranges,
+                    header_read = bool(re.fullmatch(r"bytes=\d+-\d+", self.headers.get("Range", "")))
+                    cut = hub.mode == "cut" and not header_read
+                    state = {"mode": "truncate" if cut else "ok", "ranges": hub.ranges, "bounded": hub.bounded,
                              "delay": 0.05 if hub.mode == "slow" else 0}
-                    if hub.mode == "cut":
+                    if cut:
                         hub.mode = "ok"  # only the first download is cut
                     send_file(self, file, state, head=head)
                     return

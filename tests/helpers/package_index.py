@@ -19,26 +19,31 @@ def send_file(handler, path: Path, state: dict, head: bool = False) -> None:
     """Serve a file with Range support; mode 'truncate' cuts the connection halfway,
     and a 'delay' (seconds per 64 KiB) makes it slow."""
     size = path.stat().st_size
-    start = 0
+    start, stop = 0, size  # stop: one past the last byte sent
     rng = handler.headers.get("Range")
     if rng and rng.startswith("bytes="):
-        start = int(rng[6:].split("-")[0])
-        state.setdefault("ranges", []).append(start)
+        first, _, last = rng[6:].partition("-")
+        start = int(first)
+        if last:  # a bounded range (a GGUF header read before the download): kept apart from resumes
+            stop = min(int(last) + 1, size)
+            state.setdefault("bounded", []).append((start, stop))
+        else:
+            state.setdefault("ranges", []).append(start)
         if start >= size:
             handler.send_response(416)
             handler.send_header("Content-Range", f"bytes */{size}")
             handler.end_headers()
             return
         handler.send_response(206)
-        handler.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        handler.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
     else:
         handler.send_response(200)
     handler.send_header("Content-Type", "application/octet-stream")
-    handler.send_header("Content-Length", str(size - start))
+    handler.send_header("Content-Length", str(stop - start))
     handler.end_headers()
     if head:
         return
-    end = start + (size - start) // 2 if state.get("mode") == "truncate" else size
+    end = start + (stop - start) // 2 if state.get("mode") == "truncate" else stop
     step = 1 << 16 if state.get("delay") else 1 << 20
     with open(path, "rb") as fh:
         fh.seek(start)
