@@ -9,11 +9,10 @@ advertised sha256, demand a token (private), refuse as gated, or go slowly.
 
 from __future__ import annotations
 
-import re
-
 import hashlib
 import http.server
 import json
+import re
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urlparse
