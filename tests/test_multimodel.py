@@ -60,11 +60,15 @@ def ask(server, model: str, n: int = 8, **kw) -> str:
 
 
 def test_two_models_answer_interleaved_requests(files, tmp_path):
-    s = Server(files["a"], tmp_path, str(files["b"]), "--deterministic", "--parallel", "2")
+    # a file's own settings named by its path, spelt another way than at start
+    respelt = f"{files['b'].parent}/../{files['b'].parent.name}/b.gguf"
+    s = Server(files["a"], tmp_path, str(files["b"]), "--deterministic", "--parallel", "2",
+               "--model-option", f"{respelt} parallel=3")
     try:
-        assert "a.gguf (2 parallel" in s.log[-1] and "b.gguf (2 parallel" in s.log[-1]
+        assert "a.gguf (2 parallel" in s.log[-1] and "b.gguf (3 parallel" in s.log[-1]
         alone = {m: ask(s, m, 12) for m in ("a.gguf", "b.gguf")}
         assert alone["a.gguf"] != alone["b.gguf"]  # two different models answered
+        assert ask(s, str(files["b"]), 12) == alone["b.gguf"]  # the path answers as the file's name
         with ThreadPoolExecutor(8) as pool:
             jobs = [(m, pool.submit(ask, s, m, 12)) for m in ("a.gguf", "b.gguf") * 4]
             for m, job in jobs:

@@ -47,6 +47,11 @@ class Registry:
                 return self.files[key]
             if key in self.aliases:
                 return self.find(self.aliases[key])
+        if _looks_like_path(text):  # the file as given to tallow serve, by any spelling of its path
+            given = Path(text).resolve()
+            for local in self.files.values():
+                if local.path.resolve() == given:
+                    return local
         again = "; or start tallow serve with --alias NAME to answer to another name"
         try:
             found = locate(text, self.store) if not _looks_like_path(text) else None
