@@ -94,8 +94,10 @@ class Engine:
         self.notes = [self.fit_note] if self.fit_note else []
         self.notes += context_notes(settings.n_ctx, self.n_ctx, settings.n_seq_max, self.model.n_ctx_train,
                                     self.model.meta)
+        self.drafts = None
         try:
             self.projector = self._projector(settings.mmproj, n_threads, encoder_flash)
+            self.drafts = self._draft_model(settings, paths, n_threads, layers)
         except BaseException:
             self.close()
             raise
@@ -105,6 +107,17 @@ class Engine:
         self.disk: DiskPrefixes | None = None  # the disk prompt cache, once attached
         self.digest: str | None = None  # the model file's sha256, when the store knows it
         self.load_ms = (time.perf_counter() - started) * 1000
+
+    def _draft_model(self, settings: LoadSettings, paths: list[Path], n_threads: int, layers: int):
+        """The draft model, in a context shaped as the target's (runtime/draft_model.py)."""
+        if not settings.draft:
+            return None
+        from tallow.runtime.backend import ContextParams
+        from tallow.runtime.draft_model import load_draft
+
+        p = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=n_threads,
+                          flash_attn=settings.flash_attn, n_seq_max=settings.n_seq_max, kv_unified=settings.kv_unified)
+        return load_draft(list(settings.draft), self.model, paths, p, settings.draft_limits, layers)
 
     def _projector(self, path: Path | None, n_threads: int, flash: bool):
         if path is None:
@@ -377,7 +390,7 @@ class Engine:
         sampled token and a guess of what follows, and takes every confirmed guess."""
         ctx, seq = self.ctx, self.sequence
         kv = seq.kv
-        drafter = LookupDrafter(text_only(run.request.prompt_tokens)) if run.request.draft == "lookup" else None
+        drafter = self.drafter_for(run.request, _SEQ)
         sample = sampler.sample
         sampled = [(-1, sample(ctx, -1))]  # (logit row, token); all but the last are in the KV cache
         guesses = 0  # how many of them are confirmed draft tokens
@@ -405,6 +418,14 @@ class Engine:
             kv.extend(draft)
             accepted, after = settle_draft(seq, run, drafter, draft, lambda i: sample(ctx, i))
             sampled, guesses = [*enumerate(accepted), (len(accepted), after)], len(accepted)
+
+    def drafter_for(self, request: Request, seq_id: int):
+        """The request's drafter, for the engine's and the scheduler's decode loops alike."""
+        if request.draft == "lookup":
+            return LookupDrafter(text_only(request.prompt_tokens))
+        if request.draft == "model" and self.drafts is not None:
+            return self.drafts.drafter(seq_id, text_only(request.prompt_tokens))
+        return None
 
     def logits_for(self, tokens: list[int]):
         """Logits at every position of `tokens`, evaluated from an empty cache (for perplexity
@@ -440,6 +461,9 @@ class Engine:
         if getattr(self, "projector", None) is not None:
             self.projector.close()
             self.projector = None
+        if getattr(self, "drafts", None) is not None:
+            self.drafts.close()
+            self.drafts = None
         self.governor.close()
         self.ctx.close()
         self.model.close()

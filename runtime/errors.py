@@ -19,3 +19,7 @@ class TemplateError(TallowError):
 
 class GrammarError(TallowError):
     """A grammar or JSON schema that cannot constrain decoding."""
+
+
+class DraftError(TallowError):
+    """A draft model that cannot draft for the target (another vocabulary, too large)."""

@@ -22,6 +22,14 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class DraftLimits:
+    """Drafting with a model, by llama.cpp's names: --draft-max, --draft-min, --draft-p-min."""
+    max: int = 16
+    min: int = 0  # the adaptive length's floor: with min >= 1 a sequence always drafts
+    p_min: float = 0.75  # stop drafting where the draft's top probability falls under this
+
+
+@dataclass(frozen=True)
 class LoadSettings:
     """How to load a model; every field is explicit (the CLI resolves defaults from the environment)."""
 
@@ -49,6 +57,8 @@ class LoadSettings:
     pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embedding/embed.py)
     mmproj: Path | None = None  # a projector (mmproj GGUF) for images in prompts (runtime/media.py)
     placement: Placement = Placement()  # which GPUs, when there are several
+    draft: tuple[Path, ...] = ()  # a draft model's files, for speculative decoding (runtime/draft_model.py)
+    draft_limits: DraftLimits = DraftLimits()
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ class Request:
     cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
     save_prompt: bool = True  # False: look saved prefixes up but never save this one (a chat keeps its own cache)
-    draft: str | None = None  # "lookup": speculative decoding with drafts found in the prompt and output
+    draft: str | None = None  # "lookup": drafts found in the prompt and output; "model": the loaded draft model's
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one

@@ -1,0 +1,200 @@
+"""Speculative decoding with a second, smaller model of the same vocabulary.
+
+The draft model runs in a context of its own, one sequence per target sequence (the same
+sequence ids), and keeps its KV cells between requests: before each draft it drops what
+differs from the target's tokens and evaluates only the rest, so a chat never re-prefills
+its history into the draft. It drafts greedily, stopping where its own top probability falls
+under p_min. The target verifies the draft as it verifies lookup drafts
+(runtime/speculative.verify: each position sampled from the target's own logits and the
+draft kept while it agrees), so the answer is the target's, token for token, at any
+temperature and seed.
+
+Drafting costs the draft's decodes plus the verification's extra rows; it pays only when
+enough of the draft is accepted. Each sequence estimates its per-token acceptance `a` and
+picks the draft length k that maximises the expected tokens per unit of work,
+(1 - a^(k+1)) / (1 - a) against 1 + k * (cost of a draft token + cost of a verified row),
+in target-decode units; it drafts nothing when no k beats plain decoding, probing with
+one token now and then so that it notices when the text becomes predictable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tallow.runtime.errors import DraftError
+from tallow.runtime.sequence import Sequence, common_prefix
+from tallow.runtime.types import ContextParams, DraftLimits
+
+VOCAB_SIZE_TOLERANCE = 128  # vocabularies this far apart still draft (llama.cpp's speculative examples allow as much)
+FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are control tokens that models name apart
+ROW_COST = 0.1  # one more verified row in a target decode, in target-decode units (CPU, a small batch)
+PROBE_EVERY = 16  # steps without a draft before one token is drafted to measure acceptance again
+SMOOTHING = 0.3  # weight of the latest step in the acceptance estimate
+
+
+def vocabulary_difference(target, draft) -> str | None:
+    """The first way the draft model tokenizes differently from the target, in words; None
+    when they agree (both are runtime.backend.Model)."""
+    if abs(target.n_vocab - draft.n_vocab) > VOCAB_SIZE_TOLERANCE:
+        return f"the target has {target.n_vocab} tokens but the draft {draft.n_vocab}"
+    for what, a, b in (("begin-of-text token", target.bos, draft.bos), ("end-of-text token", target.eos, draft.eos),
+                       ("adds a begin-of-text token", target.add_bos, draft.add_bos)):
+        if a != b:
+            return f"the {what} differs: {a} in the target, {b} in the draft"
+    for i in range(FIRST_CHECKED, min(target.n_vocab, draft.n_vocab)):
+        if target.piece(i) != draft.piece(i):
+            return f"token {i} is {target.piece(i)!r} in the target but {draft.piece(i)!r} in the draft"
+    return None
+
+
+def best_length(acceptance: float, draft_cost: float, limit: int) -> int:
+    """The draft length with the most expected tokens per unit of work; 0 when none beats
+    plain decoding (one token per unit)."""
+    a = min(max(acceptance, 0.0), 0.999)
+    best, best_gain = 0, 1.0
+    for k in range(1, limit + 1):
+        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + k * (draft_cost + ROW_COST))
+        if gain > best_gain:
+            best, best_gain = k, gain
+    return best
+
+
+def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextParams, limits: DraftLimits,
+               gpu_layers: int) -> DraftContext:
+    """The draft model, checked against the target (a runtime.backend.Model), and a context
+    for it shaped as the target's (the same context length, batch and sequences)."""
+    from tallow.runtime import backend
+
+    size = sum(f.stat().st_size for f in paths)
+    target_size = sum(f.stat().st_size for f in target_paths)
+    if size > target_size:
+        raise DraftError(f"the draft {paths[0].name} ({size / 1e6:.0f} MB) is larger than the model it drafts for "
+                         f"({target_size / 1e6:.0f} MB): it would cost more than it saves", "give a smaller draft model")
+    model = backend.Model(paths, gpu_layers)
+    try:
+        problem = vocabulary_difference(target, model)
+        if problem is not None:
+            raise DraftError(f"{paths[0].name} cannot draft for {target_paths[0].name}: {problem}",
+                             "a draft model must share the target's vocabulary (the same family)")
+        ctx = backend.Context(model, p)
+    except BaseException:
+        model.close()
+        raise
+    return DraftContext(model, ctx, limits, size / target_size)
+
+
+class DraftContext:
+    """A loaded draft model and its context, shared by every sequence of one target context."""
+
+    def __init__(self, model, ctx, limits: DraftLimits, cost: float) -> None:
+        self.model, self.ctx, self.limits = model, ctx, limits
+        self.cost = cost  # a draft token's decode, in target decodes (from the weights' sizes)
+        self._sequences: dict[int, Sequence] = {}
+
+    def sequence(self, seq_id: int) -> Sequence:
+        """The draft's cells for a target sequence id; kept between requests (prefix reuse)."""
+        return self._sequences.setdefault(seq_id, Sequence(self.ctx, seq_id))
+
+    def drafter(self, seq_id: int, prompt: list[int]) -> ModelDrafter:
+        return ModelDrafter(self, seq_id, prompt)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+    def draft(self, wanted: list[tuple[ModelDrafter, int]]) -> list[list[int]]:
+        """Drafts for several sequences, each up to its length, evaluated in shared batches."""
+        todo = [(d, n) for d, n in wanted if n > 0]
+        rows = self._catch_up([d for d, _ in todo])
+        out: dict[int, list[int]] = {id(d): [] for d, _ in wanted}
+        n_vocab = self.model.n_vocab
+        while todo:
+            entries, nxt, left = [], {}, []
+            for d, n in todo:
+                token, p = _top(self.ctx.logit_row(rows[id(d)], n_vocab))
+                if p < self.limits.p_min:
+                    continue
+                out[id(d)].append(token)
+                if len(out[id(d)]) >= n:
+                    continue  # the last draft token is evaluated with the next catch-up, if it is kept
+                nxt[id(d)] = len(entries)
+                entries.append((token, d.seq.next_pos, d.seq.seq, True))
+                d.seq.kv.append(token)
+                left.append((d, n))
+            if entries:
+                self.ctx.decode_batch(entries)
+            rows, todo = nxt, left
+        return [out[id(d)] for d, _ in wanted]
+
+    def _catch_up(self, drafters: list[ModelDrafter]) -> dict[int, int]:
+        """Evaluate what each sequence's cells lack of its history; returns the batch row of
+        each one's last token, whose logits give its first draft token. Logits live only until
+        the next decode, so every sequence's last token goes into the final call."""
+        body: list[tuple[int, int, int, bool]] = []
+        last: list[tuple[int, int, int, bool]] = []
+        for d in drafters:
+            keep = min(common_prefix(d.seq.kv, d.history), len(d.history) - 1)  # the last token's logits are needed
+            d.seq.keep(keep)
+            for i, t in enumerate(d.history[keep:]):
+                (last if keep + i == len(d.history) - 1 else body).append((t, d.seq.next_pos, d.seq.seq, False))
+                d.seq.kv.append(t)
+        if len(body) + len(last) <= self.ctx.n_batch:
+            body, last = [], body + last
+        for at in range(0, len(body), self.ctx.n_batch):
+            self.ctx.decode_batch(body[at:at + self.ctx.n_batch])
+        rows, entries = {}, []
+        ends = {(d.seq.seq, d.seq.next_pos - 1): d for d in drafters}
+        for t, pos, seq, _ in last:
+            d = ends.get((seq, pos))
+            if d is not None:
+                rows[id(d)] = len(entries)
+            entries.append((t, pos, seq, d is not None))
+        self.ctx.decode_batch(entries)
+        return rows
+
+
+def _top(logits) -> tuple[int, float]:
+    """The most likely token and its probability."""
+    import numpy as np
+
+    token = int(np.argmax(logits))
+    shifted = np.exp(logits - logits[token])
+    return token, float(1.0 / shifted.sum())
+
+
+class ModelDrafter:
+    """One sequence's drafts from the draft model, with the interface of LookupDrafter."""
+
+    def __init__(self, owner: DraftContext, seq_id: int, prompt: list[int]) -> None:
+        self.owner = owner
+        self.seq = owner.sequence(seq_id)
+        self.history = list(prompt)
+        self.acceptance = 0.7
+        self.idle = 0  # steps since the last draft
+        self.lengths: list[int] = []  # the draft lengths chosen, for the metrics
+
+    def extend(self, tokens) -> None:
+        self.history.extend(tokens)
+
+    def length(self, room: int) -> int:
+        """This step's draft length, from the acceptance seen so far."""
+        limits = self.owner.limits
+        top = min(limits.max, room)
+        k = max(best_length(self.acceptance, self.owner.cost, top), min(limits.min, top))
+        if k == 0:
+            self.idle += 1
+            if self.idle < PROBE_EVERY or top < 1:
+                return 0
+            k = 1
+        self.idle = 0
+        return k
+
+    def propose(self, room: int) -> list[int]:
+        k = self.length(room)
+        return self.owner.draft([(self, k)])[0] if k else []
+
+    def outcome(self, accepted: int, proposed: int) -> None:
+        if proposed:
+            self.lengths.append(proposed)
+            step = accepted / proposed
+            self.acceptance += SMOOTHING * (step - self.acceptance)
