@@ -105,8 +105,10 @@ class DraftContext:
     def draft(self, wanted: list[tuple[ModelDrafter, int]]) -> list[list[int]]:
         """Drafts for several sequences, each up to its length, evaluated in shared batches."""
         todo = [(d, n) for d, n in wanted if n > 0]
-        rows = self._catch_up([d for d, _ in todo])
         out: dict[int, list[int]] = {id(d): [] for d, _ in wanted}
+        if not todo:
+            return [[] for _ in wanted]
+        rows = self._catch_up([d for d, _ in todo])
         n_vocab = self.model.n_vocab
         while todo:
             entries, nxt, left = [], {}, []

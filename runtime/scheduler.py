@@ -30,9 +30,8 @@ from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
 from tallow.runtime.histogram import Histogram
 from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
-from tallow.runtime.multimodal import text_only
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
-from tallow.runtime.speculative import LookupDrafter
+from tallow.runtime.draft_model import ModelDrafter
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings, TokenEvent
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
@@ -105,7 +104,7 @@ class _Job:
         self.sampler: Any = None  # the C sampler chain, made when the job starts
         self.slot: _Slot | None = None
         self.next_token: int | None = None  # sampled, not yet evaluated
-        self.drafter = LookupDrafter(text_only(request.prompt_tokens)) if request.draft == "lookup" else None
+        self.drafter: Any = None  # a LookupDrafter or a ModelDrafter, made with the slot (engine.drafter_for)
         self.draft: list[int] = []  # guesses decoded after next_token in this step
         self.points: list[int] = []  # cache points to save when the prefill reaches them
 
@@ -283,6 +282,7 @@ class Scheduler:
     def _start(self, job: _Job, slot: _Slot) -> None:
         job.run.timings.queue_ms = (time.perf_counter() - job.run.started) * 1000
         job.slot, slot.job = slot, job
+        job.drafter = self.engine.drafter_for(job.request, slot.seq)
         try:
             job.sampler = self.engine.sampler_for(job.request)
         except TallowError as e:
@@ -302,6 +302,24 @@ class Scheduler:
                 job.run.finish = "time_limit"
                 self._finish(job)
 
+    def _drafts(self, decoding: list[_Job], spare: int) -> dict[int, list[int]]:
+        """This step's drafts, by job: lookup drafts each alone, the draft model's for every
+        sequence in shared batches (runtime/draft_model.py)."""
+        out: dict[int, list[int]] = {}
+        batched = []
+        for job in decoding:
+            if job.drafter is None:
+                continue
+            room = min(job.limit - len(job.held.kv) - 1, spare)
+            if isinstance(job.drafter, ModelDrafter):
+                batched.append((job, job.drafter.length(room)))
+            else:
+                out[id(job)] = job.drafter.propose(room)
+        if batched:
+            proposed = self.engine.drafts.draft([(job.drafter, k) for job, k in batched])
+            out.update((id(job), d) for (job, _), d in zip(batched, proposed))
+        return out
+
     def _calls(self) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
         """This step's llama_decode calls: (entries, [(row, job) to sample])."""
         det = self.settings.deterministic
@@ -310,10 +328,10 @@ class Scheduler:
         decoding = sorted((j for j in self._active if j.next_token is not None), key=lambda j: j.held.seq)
         seqs = {j.held.seq for j in decoding}
         spare = max(0, (self.n_batch - 2 * len(decoding)) // max(1, len(decoding)))  # draft room each
+        drafts = self._drafts(decoding, spare)
         for job in decoding:
             slot = job.held
-            if job.drafter is not None:
-                job.draft = job.drafter.propose(min(job.limit - len(slot.kv) - 1, spare))
+            job.draft = drafts.get(id(job), [])
             # With a KV stream per sequence, llama.cpp splits a batch into runs of consecutive
             # sequence ids; a sequence alone in its run brings two tokens (see _pair).
             if det and not job.draft and slot.seq - 1 not in seqs and slot.seq + 1 not in seqs:
