@@ -53,7 +53,10 @@ Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the mod
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
-Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far (same answer, faster when the answer repeats its input).", show_default=False)]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far; a MODEL (stored, a path or a reference) of the same vocabulary drafts with that model. The answer is the same.", show_default=False)]
+DraftMax = Annotated[int, typer.Option("--draft-max", min=1, max=64, help="With --draft MODEL: the most tokens drafted in one step.")]
+DraftMin = Annotated[int, typer.Option("--draft-min", min=0, max=64, help="With --draft MODEL: the fewest (0: drafting stops where it does not pay).")]
+DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0, help="With --draft MODEL: stop a draft where the draft model's top probability falls under this.")]
 Format = Annotated[Optional[str], typer.Option("--format", help="'json': the answer is always one JSON object (grammar-constrained).", show_default=False)]
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
@@ -205,9 +208,24 @@ def parse_tool_format(value: str) -> str | None:
 
 
 def parse_draft(value: str | None) -> str | None:
-    if value is None or value == "lookup":
-        return value
-    raise typer.BadParameter("the only draft method is 'lookup'", param_hint="--draft")
+    """The request's draft method for --draft: "lookup", "model" (a draft model) or None."""
+    return value if value in (None, "lookup") else "model"
+
+
+def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, p_min: float):
+    """The load settings with --draft MODEL's files and limits (found, or pulled, as any model)."""
+    from dataclasses import replace
+
+    from tallow.runtime.types import DraftLimits
+
+    if fewest > most:
+        raise typer.BadParameter(f"--draft-min {fewest} is more than --draft-max {most}", param_hint="--draft-min")
+    if value in (None, "lookup"):
+        return load
+    from tallow.cli.models import find_model
+
+    local = find_model(value, offline)
+    return replace(load, draft=tuple(local.paths), draft_limits=DraftLimits(most, fewest, p_min))
 
 
 def structured(format_: str | None, json_schema: str | None):

@@ -70,6 +70,9 @@ def run(
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
     draft: o.Draft = None,
+    draft_max: o.DraftMax = 16,
+    draft_min: o.DraftMin = 0,
+    draft_p_min: o.DraftPMin = 0.75,
     format_: o.Format = None,
     json_schema: o.JsonSchema = None,
     tools_file: Optional[Path] = typer.Option(None, "--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False),
@@ -115,6 +118,8 @@ def run(
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))
     if load is not None and text is not None:
         load = o.one_shot(load, text, max_tokens, draft is not None)
+    if load is not None:
+        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
                                allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
                                media={m.kind for m in media})
