@@ -1,0 +1,83 @@
+"""Speculative decoding with a draft model (runtime/draft_model.py): the answer is the
+target's, and the accepted counts are exactly what two script models that differ at known
+places predict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.processes import run_tallow
+from helpers.synth import write_synthetic_gguf
+
+from tallow.runtime.draft_model import best_length
+
+# The target cycles a..h; the draft agrees except after "d", where it says "x" (then "y",
+# after which it has no confident guess).
+TARGET = {"\n": "a", "a": "b", "b": "c", "c": "d", "d": "e", "e": "f", "f": "g", "g": "h", "h": "a"}
+DRAFT = {**TARGET, "d": "x", "x": "y"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path, Path]:
+    folder = tmp_path_factory.mktemp("draft")
+    return (write_synthetic_gguf(folder / "target.gguf", seed=5, script=TARGET),
+            write_synthetic_gguf(folder / "draft.gguf", seed=5, script=DRAFT), folder)
+
+
+def _run(home: Path, model: Path, *args: str) -> dict:
+    r = run_tallow(["run", str(model), "hi", "-n", "20", "--json", *args], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
+def test_greedy_answer_is_the_targets_with_the_predicted_acceptance(pair, tmp_path):
+    target, draft, _ = pair
+    alone = _run(tmp_path, target, "--temperature", "0")
+    drafted = _run(tmp_path, target, "--temperature", "0", "--draft", str(draft), "--draft-max", "4", "--draft-min", "4")
+    assert drafted["text"] == alone["text"] == "abcdefgh" * 2 + "abcd"
+    # Steps of 4 drafted tokens after a, e, b, e, b: "bcdx" keeps 3, "fgha" 4, "cdxy" 2, "fgha" 4,
+    # and the last "cdxy" 2 (the answer's 20th token ends it).
+    assert (drafted["usage"]["draft_tokens"], drafted["usage"]["accepted_tokens"]) == (20, 15)
+
+
+def test_sampled_answer_is_the_targets_for_the_same_seed(tmp_path):
+    # Random weights, one vocabulary: a draft that guesses badly, forced to draft every step.
+    target = write_synthetic_gguf(tmp_path / "t.gguf", seed=11)
+    bad = write_synthetic_gguf(tmp_path / "d.gguf", seed=99)
+    drafted_tokens = accepted = 0
+    for seed in ("1", "2", "3"):
+        args = ("--temperature", "0.8", "--seed", seed)
+        alone = _run(tmp_path, target, *args)
+        drafted = _run(tmp_path, target, *args, "--draft", str(bad), "--draft-min", "2", "--draft-p-min", "0")
+        assert drafted["text"] == alone["text"]
+        drafted_tokens += drafted["usage"]["draft_tokens"]
+        accepted += drafted["usage"]["accepted_tokens"]
+    assert drafted_tokens > 20 and accepted < drafted_tokens / 2  # it drafted, and mostly wrongly
+
+
+def test_a_draft_of_another_vocabulary_is_refused(pair, default_home):
+    _, draft, _ = pair
+    r = run_tallow(["run", "smollm2:135m", "hi", "--draft", str(draft)], home=default_home)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "cannot draft for" in err and "49152 tokens but the draft 275" in err, err
+
+
+def test_a_draft_larger_than_the_target_is_refused(pair, default_home, default_model):
+    target, _, _ = pair
+    r = run_tallow(["run", str(target), "hi", "--draft", str(default_model)], home=default_home)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "is larger than the model it drafts for" in err, err
+
+
+def test_draft_limits_are_checked(pair, tmp_path):
+    target, draft, _ = pair
+    r = run_tallow(["run", str(target), "hi", "--draft", str(draft), "--draft-min", "8", "--draft-max", "4"], home=tmp_path)
+    assert r.returncode == 2 and "--draft-min 8 is more than --draft-max 4" in r.stderr.decode()
+
+
+def test_the_length_follows_the_acceptance():
+    assert best_length(0.9, 0.1, 16) >= 4  # a good, cheap draft drafts long
+    assert best_length(0.3, 0.3, 16) == 0  # a poor one does not pay
+    assert best_length(0.9, 0.1, 2) <= 2  # never past the room
