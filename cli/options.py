@@ -207,9 +207,21 @@ def parse_tool_format(value: str) -> str | None:
     return value
 
 
-def parse_draft(value: str | None) -> str | None:
+DRAFT_DEFAULTS = (16, 0, 0.75)  # --draft-max, --draft-min, --draft-p-min
+
+
+def parse_draft(value: str | None, models: bool = True) -> str | None:
     """The request's draft method for --draft: "lookup", "model" (a draft model) or None."""
-    return value if value in (None, "lookup") else "model"
+    if value in (None, "lookup"):
+        return value
+    if not models:
+        raise typer.BadParameter("tallow serve drafts with 'lookup' only, for now (a draft model drafts in run, chat "
+                                 "and batch)", param_hint="--draft")
+    return "model"
+
+
+def draft_limits_given(most: int, fewest: int, p_min: float) -> bool:
+    return (most, fewest, p_min) != DRAFT_DEFAULTS
 
 
 def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, p_min: float):
@@ -221,6 +233,8 @@ def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, 
     if fewest > most:
         raise typer.BadParameter(f"--draft-min {fewest} is more than --draft-max {most}", param_hint="--draft-min")
     if value in (None, "lookup"):
+        if draft_limits_given(most, fewest, p_min):
+            raise typer.BadParameter("the draft limits are for a draft model: give --draft MODEL", param_hint="--draft-max")
         return load
     from tallow.cli.models import find_model
 

@@ -111,7 +111,9 @@ class DraftContext:
         rows = self._catch_up([d for d, _ in todo])
         n_vocab = self.model.n_vocab
         while todo:
-            entries, nxt, left = [], {}, []
+            entries: list[tuple[int, int, int, bool]] = []
+            nxt: dict[int, int] = {}
+            left: list[tuple[ModelDrafter, int]] = []
             for d, n in todo:
                 token, p = _top(self.ctx.logit_row(rows[id(d)], n_vocab))
                 if p < self.limits.p_min:
@@ -144,15 +146,33 @@ class DraftContext:
             body, last = [], body + last
         for at in range(0, len(body), self.ctx.n_batch):
             self.ctx.decode_batch(body[at:at + self.ctx.n_batch])
-        rows, entries = {}, []
+        rows: dict[int, int] = {}
+        entries: list[tuple[int, int, int, bool]] = []
         ends = {(d.seq.seq, d.seq.next_pos - 1): d for d in drafters}
         for t, pos, seq, _ in last:
-            d = ends.get((seq, pos))
-            if d is not None:
-                rows[id(d)] = len(entries)
-            entries.append((t, pos, seq, d is not None))
+            end = ends.get((seq, pos))
+            if end is not None:
+                rows[id(end)] = len(entries)
+            entries.append((t, pos, seq, end is not None))
         self.ctx.decode_batch(entries)
         return rows
+
+
+def propose_all(wanted: list[tuple[object, int]], drafts: DraftContext | None) -> list[list[int]]:
+    """A step's drafts for several sequences, (drafter, room) each: lookup drafters propose
+    alone, the draft model's drafters in shared batches."""
+    out: list[list[int]] = [[] for _ in wanted]
+    batched = []
+    for i, (drafter, room) in enumerate(wanted):
+        if isinstance(drafter, ModelDrafter):
+            batched.append((i, drafter, drafter.length(room)))
+        else:
+            out[i] = drafter.propose(room)  # type: ignore[attr-defined]
+    if batched:
+        assert drafts is not None  # a ModelDrafter comes from the engine's draft model
+        for (i, _, _), d in zip(batched, drafts.draft([(drafter, k) for _, drafter, k in batched])):
+            out[i] = d
+    return out
 
 
 def _top(logits) -> tuple[int, float]:

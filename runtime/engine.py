@@ -461,9 +461,9 @@ class Engine:
         if getattr(self, "projector", None) is not None:
             self.projector.close()
             self.projector = None
-        if getattr(self, "drafts", None) is not None:
-            self.drafts.close()
-            self.drafts = None
+        drafts, self.drafts = getattr(self, "drafts", None), None
+        if drafts is not None:
+            drafts.close()
         self.governor.close()
         self.ctx.close()
         self.model.close()

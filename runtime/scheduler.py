@@ -26,12 +26,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from tallow.common.errors import TallowError
+from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
 from tallow.runtime.histogram import Histogram
 from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
-from tallow.runtime.draft_model import ModelDrafter
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings, TokenEvent
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
@@ -303,22 +303,10 @@ class Scheduler:
                 self._finish(job)
 
     def _drafts(self, decoding: list[_Job], spare: int) -> dict[int, list[int]]:
-        """This step's drafts, by job: lookup drafts each alone, the draft model's for every
-        sequence in shared batches (runtime/draft_model.py)."""
-        out: dict[int, list[int]] = {}
-        batched = []
-        for job in decoding:
-            if job.drafter is None:
-                continue
-            room = min(job.limit - len(job.held.kv) - 1, spare)
-            if isinstance(job.drafter, ModelDrafter):
-                batched.append((job, job.drafter.length(room)))
-            else:
-                out[id(job)] = job.drafter.propose(room)
-        if batched:
-            proposed = self.engine.drafts.draft([(job.drafter, k) for job, k in batched])
-            out.update((id(job), d) for (job, _), d in zip(batched, proposed))
-        return out
+        """This step's drafts, by job (runtime/draft_model.propose_all)."""
+        jobs = [job for job in decoding if job.drafter is not None]
+        rooms = [(job.drafter, min(job.limit - len(job.held.kv) - 1, spare)) for job in jobs]
+        return {id(job): d for job, d in zip(jobs, propose_all(rooms, self.engine.drafts))}
 
     def _calls(self) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
         """This step's llama_decode calls: (entries, [(row, job) to sample])."""

@@ -81,3 +81,36 @@ def test_the_length_follows_the_acceptance():
     assert best_length(0.9, 0.1, 16) >= 4  # a good, cheap draft drafts long
     assert best_length(0.3, 0.3, 16) == 0  # a poor one does not pay
     assert best_length(0.9, 0.1, 2) <= 2  # never past the room
+
+
+def test_batch_drafts_every_sequence_and_answers_as_the_target(pair, tmp_path):
+    target, draft, _ = pair
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": f"hi {i}"}],
+                                       "max_tokens": 24, "temperature": 0}) + "\n" for i in range(4)))
+
+    def batch(name: str, *args: str) -> dict:
+        out = tmp_path / name
+        r = run_tallow(["batch", str(src), "-o", str(out), "--model", str(target), "--parallel", "4", *args],
+                       home=tmp_path)
+        assert r.returncode == 0, r.stderr.decode()
+        return {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}
+
+    alone = batch("plain.jsonl")
+    drafted = batch("drafted.jsonl", "--draft", str(draft), "--draft-max", "4", "--draft-min", "4")
+    for i in range(4):
+        assert drafted[i]["text"] == alone[i]["text"] == "abcdefgh" * 3
+        usage = drafted[i]["usage"]
+        assert 0 < usage["accepted_tokens"] < usage["draft_tokens"]  # the draft is wrong after every "d"
+
+
+def test_serve_refuses_a_draft_model_by_name(pair, tmp_path):
+    target, draft, _ = pair
+    r = run_tallow(["serve", str(target), "--draft", str(draft), "--port", "0"], home=tmp_path)
+    assert r.returncode == 2 and "drafts with 'lookup' only" in r.stderr.decode()
+
+
+def test_draft_limits_without_a_draft_model_are_refused(pair, tmp_path):
+    target, _, _ = pair
+    r = run_tallow(["run", str(target), "hi", "--draft-max", "4"], home=tmp_path)
+    assert r.returncode == 2 and "give --draft MODEL" in r.stderr.decode()

@@ -29,6 +29,9 @@ def batch(
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
+    draft_max: o.DraftMax = 16,
+    draft_min: o.DraftMin = 0,
+    draft_p_min: o.DraftPMin = 0.75,
     mmproj: o.Mmproj = None,
     tool_format: o.ToolFormat = "auto",
     no_cache: o.NoCache = False,
@@ -62,7 +65,7 @@ def batch(
     if remote:
         o.refuse_local({"--deterministic": deterministic, "--kv-unified": kv_unified, "--ctx": ctx is not None,
                         "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None,
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min),
                         "--tool-format": tool_format != "auto", "--no-cache": no_cache, "--mmproj": mmproj is not None})
     for flag, used in (("--retries", retries != 6), ("--affinity-chars", affinity_chars != 512)):
         if used and not remote:
@@ -84,6 +87,7 @@ def batch(
         _report(stats, input, output)
         return
     load = replace(o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), mmproj=o.checked_mmproj(mmproj))
+    load = o.draft_model(load, draft, offline, draft_max, draft_min, draft_p_min)
     with out:
         name, sched = open_scheduler(model, load, offline,
                                      SchedulerSettings(parallel=parallel, deterministic=deterministic,

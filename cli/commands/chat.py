@@ -60,6 +60,9 @@ def chat(
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
     draft: o.Draft = None,
+    draft_max: o.DraftMax = 16,
+    draft_min: o.DraftMin = 0,
+    draft_p_min: o.DraftPMin = 0.75,
     format_: o.Format = None,
     json_schema: o.JsonSchema = None,
     stats: o.Stats = False,
@@ -79,7 +82,7 @@ def chat(
     if remote:
         o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
                         "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None})
     grammar, schema = o.structured(format_, json_schema)
     chat_settings = ChatSettings(replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -90,6 +93,7 @@ def chat(
     if load is not None:
         load = replace(load, mmproj=o.checked_mmproj(mmproj),
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))
+        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),

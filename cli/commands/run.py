@@ -96,7 +96,7 @@ def run(
     if remote:
         o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
                         "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--no-cache": no_cache,
+                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
                         "--image": bool(image), "--audio": bool(audio),
                         "--mmproj": mmproj is not None})

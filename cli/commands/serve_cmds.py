@@ -79,7 +79,7 @@ def serve(
     if not is_loopback(host) and not key:
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
-    o.parse_draft(draft)
+    o.parse_draft(draft, models=False)
     if allow_media_urls and (offline or settings.offline()):
         raise typer.BadParameter("fetching URLs needs the network, and offline mode is on", param_hint="--allow-media-urls")
     if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
