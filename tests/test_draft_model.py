@@ -78,9 +78,10 @@ def test_draft_limits_are_checked(pair, tmp_path):
 
 
 def test_the_length_follows_the_acceptance():
-    assert best_length(0.9, 0.1, 16) >= 4  # a good, cheap draft drafts long
+    assert best_length(0.95, 0.1, 16) >= 3  # a good, cheap draft drafts long
+    assert best_length(0.95, 0.1, 16) > best_length(0.85, 0.1, 16) > 0
     assert best_length(0.3, 0.3, 16) == 0  # a poor one does not pay
-    assert best_length(0.9, 0.1, 2) <= 2  # never past the room
+    assert best_length(0.95, 0.1, 2) <= 2  # never past the room
 
 
 def test_batch_drafts_every_sequence_and_answers_as_the_target(pair, tmp_path):
