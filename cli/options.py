@@ -210,14 +210,9 @@ def parse_tool_format(value: str) -> str | None:
 DRAFT_DEFAULTS = (16, 0, 0.75)  # --draft-max, --draft-min, --draft-p-min
 
 
-def parse_draft(value: str | None, models: bool = True) -> str | None:
+def parse_draft(value: str | None) -> str | None:
     """The request's draft method for --draft: "lookup", "model" (a draft model) or None."""
-    if value in (None, "lookup"):
-        return value
-    if not models:
-        raise typer.BadParameter("tallow serve drafts with 'lookup' only, for now (a draft model drafts in run, chat "
-                                 "and batch)", param_hint="--draft")
-    return "model"
+    return value if value in (None, "lookup") else "model"
 
 
 def draft_limits_given(most: int, fewest: int, p_min: float) -> bool:

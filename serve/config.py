@@ -46,6 +46,10 @@ class RunnerConfig:
     timeout: float | None = 600.0  # seconds a request may take (finish_reason "time_limit")
     draft: str | None = _SCHEDULER.draft
     # the load
+    draft_files: tuple[str, ...] = ()  # the draft model's files (serve --draft MODEL; the first MODEL's)
+    draft_max: int = 16
+    draft_min: int = 0
+    draft_p_min: float = 0.75
     ctx: int | None = None
     threads: int | None = None
     gpu_layers: str = "auto"
@@ -79,8 +83,9 @@ class RunnerConfig:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown runner settings: {', '.join(unknown)}")
-        if "aliases" in data:
-            data["aliases"] = tuple(data["aliases"])
+        for key in ("aliases", "draft_files"):
+            if key in data:
+                data[key] = tuple(data[key])
         return cls(**data)
 
     def with_options(self, options: dict[str, Any]) -> RunnerConfig:

@@ -105,10 +105,23 @@ def test_batch_drafts_every_sequence_and_answers_as_the_target(pair, tmp_path):
         assert 0 < usage["accepted_tokens"] < usage["draft_tokens"]  # the draft is wrong after every "d"
 
 
-def test_serve_refuses_a_draft_model_by_name(pair, tmp_path):
+def test_serve_drafts_for_its_first_model(pair, tmp_path):
+    pytest.importorskip("openai")
+    from helpers.server import Server
+
     target, draft, _ = pair
-    r = run_tallow(["serve", str(target), "--draft", str(draft), "--port", "0"], home=tmp_path)
-    assert r.returncode == 2 and "drafts with 'lookup' only" in r.stderr.decode()
+    server = Server(target, tmp_path, "--parallel", "2", "--draft", str(draft), "--draft-max", "4", "--draft-min", "4")
+    try:
+        client = server.client()
+        for _ in range(2):  # the second request finds the draft's cells of the first
+            r = client.chat.completions.create(model=target.name, max_tokens=20, temperature=0,
+                                               messages=[{"role": "user", "content": "hi"}])
+            assert r.choices[0].message.content == "abcdefgh" * 2 + "abcd"
+            usage = r.usage.model_dump()
+            # as in run, but the scheduler's room ends at max_tokens: the last step drafts only "cd"
+            assert (usage["draft_tokens"], usage["accepted_tokens"]) == (18, 15), usage
+    finally:
+        server.close()
 
 
 def test_draft_limits_without_a_draft_model_are_refused(pair, tmp_path):

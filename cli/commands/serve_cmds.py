@@ -43,6 +43,9 @@ def serve(
     tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
     draft: o.Draft = None,
+    draft_max: o.DraftMax = 16,
+    draft_min: o.DraftMin = 0,
+    draft_p_min: o.DraftPMin = 0.75,
     no_cache: o.NoCache = False,
     mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The projector (mmproj GGUF) of the one MODEL: requests may then hold images.", show_default=False),
     allow_media_urls: bool = typer.Option(False, "--allow-media-urls", help="Fetch http(s) image URLs that requests name (10 s, 20 MB each): the server then requests any address a client gives it."),
@@ -79,7 +82,7 @@ def serve(
     if not is_loopback(host) and not key:
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
-    o.parse_draft(draft, models=False)
+    draft_files = _draft_files(draft, offline or settings.offline(), draft_max, draft_min, draft_p_min)
     if allow_media_urls and (offline or settings.offline()):
         raise typer.BadParameter("fetching URLs needs the network, and offline mode is on", param_hint="--allow-media-urls")
     if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
@@ -102,7 +105,8 @@ def serve(
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
         base = RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
                             device=device, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,
-                            flash_attn=o.parse_flash_attn(flash_attn), draft=draft, deterministic=deterministic,
+                            flash_attn=o.parse_flash_attn(flash_attn), draft=o.parse_draft(draft), draft_files=draft_files,
+                            draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min, deterministic=deterministic,
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
                             tool_format=forced_format, history=history,
@@ -128,6 +132,14 @@ def serve(
             run_uvicorn(app, sock, start, replica, drain_timeout)
         finally:
             pool.close()
+
+
+def _draft_files(draft: str | None, offline: bool, most: int, fewest: int, p_min: float) -> tuple[str, ...]:
+    """--draft MODEL's files (found, or pulled, now); the first MODEL's runner loads them."""
+    from tallow.runtime.types import LoadSettings
+
+    load = o.draft_model(LoadSettings(), draft, offline, most, fewest, p_min)
+    return tuple(str(p) for p in load.draft)
 
 
 def _loaded_line(r) -> str:
@@ -202,7 +214,9 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
         registry.find(m)  # a bad name fails at start, not at the first request
 
     def config_for(name: str) -> RunnerConfig:
-        conf = base if name == (names or [None])[0] else replace(base, mmproj=None)  # --mmproj is the first MODEL's
+        # --mmproj and --draft MODEL are the first MODEL's
+        conf = base if name == (names or [None])[0] else replace(base, mmproj=None, draft_files=(),
+                                                                 draft=None if base.draft_files else base.draft)
         for key, opts in per_model.items():
             if registry.find(key).name == name:
                 conf = conf.with_options(opts)
