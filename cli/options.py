@@ -234,7 +234,7 @@ def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, 
     from tallow.cli.models import find_model
 
     local = find_model(value, offline)
-    return replace(load, draft=tuple(local.paths), draft_limits=DraftLimits(most, fewest, p_min))
+    return replace(load, draft=tuple(local.paths), draft_limits=DraftLimits(most, fewest, p_min), draft_name=local.name)
 
 
 def structured(format_: str | None, json_schema: str | None):

@@ -117,7 +117,9 @@ def stats_line(final: FinalEvent) -> str:
         f"load {t.load_ms:.0f} ms" if final.source is None else f"via {final.source} (measured here)",
     ]
     if u.draft_tokens:
-        parts.append(f"draft {u.accepted_tokens}/{u.draft_tokens} accepted ({u.acceptance:.0%})")
+        by = "" if u.draft in (None, "lookup") else f" by {u.draft}"
+        parts.append(f"draft{by} {u.accepted_tokens}/{u.draft_tokens} accepted ({u.acceptance:.0%}, "
+                     f"{u.draft_length:.1f} a step)")
     if final.finish_reason != "stop":
         parts.append(final.finish_reason)
     return " · ".join(parts)

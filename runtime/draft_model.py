@@ -60,7 +60,7 @@ def best_length(acceptance: float, draft_cost: float, limit: int) -> int:
 
 
 def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextParams, limits: DraftLimits,
-               gpu_layers: int) -> DraftContext:
+               gpu_layers: int, name: str | None = None) -> DraftContext:
     """The draft model, checked against the target (a runtime.backend.Model), and a context
     for it shaped as the target's (the same context length, batch and sequences)."""
     from tallow.runtime import backend
@@ -80,14 +80,14 @@ def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextPa
     except BaseException:
         model.close()
         raise
-    return DraftContext(model, ctx, limits, size / target_size)
+    return DraftContext(model, ctx, limits, size / target_size, name or paths[0].name)
 
 
 class DraftContext:
     """A loaded draft model and its context, shared by every sequence of one target context."""
 
-    def __init__(self, model, ctx, limits: DraftLimits, cost: float) -> None:
-        self.model, self.ctx, self.limits = model, ctx, limits
+    def __init__(self, model, ctx, limits: DraftLimits, cost: float, name: str) -> None:
+        self.model, self.ctx, self.limits, self.name = model, ctx, limits, name
         self.cost = cost  # a draft token's decode, in target decodes (from the weights' sizes)
         self._sequences: dict[int, Sequence] = {}
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from typing import Sequence as Seq
 
 from tallow.models.bert_import import POOLING
-from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.errors import ContextOverflow, DraftError
 from tallow.runtime.loadplan import (
     choose_flash_attn,
     context_notes,
@@ -112,12 +112,15 @@ class Engine:
         """The draft model, in a context shaped as the target's (runtime/draft_model.py)."""
         if not settings.draft:
             return None
+        if settings.embeddings:
+            raise DraftError("a draft model drafts answers, and an embedding model writes none",
+                             "serve the draft with a model that generates text")
         from tallow.runtime.backend import ContextParams
         from tallow.runtime.draft_model import load_draft
 
         p = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=n_threads,
                           flash_attn=settings.flash_attn, n_seq_max=settings.n_seq_max, kv_unified=settings.kv_unified)
-        return load_draft(list(settings.draft), self.model, paths, p, settings.draft_limits, layers)
+        return load_draft(list(settings.draft), self.model, paths, p, settings.draft_limits, layers, settings.draft_name)
 
     def _projector(self, path: Path | None, n_threads: int, flash: bool):
         if path is None:
@@ -390,7 +393,7 @@ class Engine:
         sampled token and a guess of what follows, and takes every confirmed guess."""
         ctx, seq = self.ctx, self.sequence
         kv = seq.kv
-        drafter = self.drafter_for(run.request, _SEQ)
+        drafter = self.drafter_for(run, _SEQ)
         sample = sampler.sample
         sampled = [(-1, sample(ctx, -1))]  # (logit row, token); all but the last are in the KV cache
         guesses = 0  # how many of them are confirmed draft tokens
@@ -419,11 +422,15 @@ class Engine:
             accepted, after = settle_draft(seq, run, drafter, draft, lambda i: sample(ctx, i))
             sampled, guesses = [*enumerate(accepted), (len(accepted), after)], len(accepted)
 
-    def drafter_for(self, request: Request, seq_id: int):
-        """The request's drafter, for the engine's and the scheduler's decode loops alike."""
+    def drafter_for(self, run: OutputStream, seq_id: int):
+        """The request's drafter, for the engine's and the scheduler's decode loops alike;
+        its usage names what drafts."""
+        request = run.request
         if request.draft == "lookup":
+            run.usage.draft = "lookup"
             return LookupDrafter(text_only(request.prompt_tokens))
         if request.draft == "model" and self.drafts is not None:
+            run.usage.draft = self.drafts.name
             return self.drafts.drafter(seq_id, text_only(request.prompt_tokens))
         return None
 

@@ -44,7 +44,16 @@ def m003_api_responses(db: sqlite3.Connection) -> None:
         created REAL NOT NULL)""")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses]
+def m004_drafts(db: sqlite3.Connection) -> None:
+    # what drafted a turn's answer (speculative decoding: "lookup" or the draft model's name)
+    # and how much of the drafts the model confirmed
+    db.execute("ALTER TABLE responses ADD COLUMN draft TEXT")
+    db.execute("ALTER TABLE responses ADD COLUMN draft_tokens INTEGER")
+    db.execute("ALTER TABLE responses ADD COLUMN accepted_tokens INTEGER")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses,
+                                                          m004_drafts]
 
 
 def migrate(db: sqlite3.Connection) -> list[str]:
@@ -71,7 +80,7 @@ class LoggedTurn:
     response: str
     reasoning: str | None
     finish_reason: str | None
-    usage: dict[str, int]
+    usage: dict[str, Any]  # token counts; "draft": what drafted (or None)
     timings: dict[str, Any]
     created: float
 
@@ -95,11 +104,12 @@ class History:
             self.db.execute("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?)", (conversation_id, model, time.time()))
             cur = self.db.execute(
                 """INSERT INTO responses (conversation_id, model, system, prompt, response, finish_reason,
-                   prompt_tokens, cached_tokens, completion_tokens, timings, created, reasoning, reasoning_tokens)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   prompt_tokens, cached_tokens, completion_tokens, timings, created, reasoning, reasoning_tokens,
+                   draft, draft_tokens, accepted_tokens)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (conversation_id, model, system, prompt, final.text, final.finish_reason, u.prompt_tokens,
                  u.cached_tokens, u.completion_tokens, json.dumps(final.timings.summary()), time.time(),
-                 final.reasoning or None, u.reasoning_tokens),
+                 final.reasoning or None, u.reasoning_tokens, u.draft, u.draft_tokens, u.accepted_tokens),
             )
             assert cur.lastrowid is not None  # an INSERT just ran
         return cur.lastrowid
@@ -123,7 +133,9 @@ class History:
         return [LoggedTurn(r["id"], r["conversation_id"], r["model"], r["system"], r["prompt"], r["response"],
                            r["reasoning"], r["finish_reason"],
                            {"prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
-                            "completion_tokens": r["completion_tokens"], "reasoning_tokens": r["reasoning_tokens"]},
+                            "completion_tokens": r["completion_tokens"], "reasoning_tokens": r["reasoning_tokens"],
+                            "draft": r["draft"], "draft_tokens": r["draft_tokens"],
+                            "accepted_tokens": r["accepted_tokens"]},
                            json.loads(r["timings"] or "{}"), r["created"]) for r in rows]
 
     def latest_conversation(self) -> str | None:

@@ -22,15 +22,15 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from tallow.common.errors import TallowError
 from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
-from tallow.runtime.histogram import Histogram
 from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
+from tallow.runtime.sched_stats import Stats
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings, TokenEvent
 
@@ -129,20 +129,6 @@ class _Slot:
     def kv(self) -> list[int]:
         """The tokens whose cells this sequence holds, in position order."""
         return self.sequence.kv
-
-
-@dataclass
-class Stats:
-    """Counters for /metrics; written by the engine thread, read by anyone."""
-
-    requests: dict[str, int] = field(default_factory=dict)  # by finish reason
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    ttft: Histogram = field(default_factory=Histogram.latency)
-    itl: Histogram = field(default_factory=Histogram.latency)
-    steps: int = 0
-    rejected: int = 0  # requests refused because the queue was full
 
 
 class Scheduler:
@@ -282,7 +268,7 @@ class Scheduler:
     def _start(self, job: _Job, slot: _Slot) -> None:
         job.run.timings.queue_ms = (time.perf_counter() - job.run.started) * 1000
         job.slot, slot.job = slot, job
-        job.drafter = self.engine.drafter_for(job.request, slot.seq)
+        job.drafter = self.engine.drafter_for(job.run, slot.seq)
         try:
             job.sampler = self.engine.sampler_for(job.request)
         except TallowError as e:
@@ -449,7 +435,7 @@ class Scheduler:
 
     def _finish(self, job: _Job) -> None:
         final = job.run.final()
-        self._count(final)
+        self.stats.count(final)
         disk, slot = self.engine.disk, job.slot
         if disk is not None and slot is not None and disk.prefixes(job.request):
             self._emit(job, final)  # the answer first: saving its prompt never delays it
@@ -458,13 +444,6 @@ class Scheduler:
         else:
             self._release(job)
             self._emit(job, final)
-
-    def _count(self, final: FinalEvent) -> None:
-        st = self.stats
-        st.requests[final.finish_reason] = st.requests.get(final.finish_reason, 0) + 1
-        st.prompt_tokens += final.usage.prompt_tokens or 0  # always counted by this engine
-        st.cached_tokens += final.usage.cached_tokens or 0
-        st.completion_tokens += final.usage.completion_tokens
 
     def _fail(self, job: _Job, error: TallowError) -> None:
         if job.slot is not None:

@@ -310,5 +310,6 @@ def settle_draft(seq: Sequence, run: OutputStream, drafter: LookupDrafter, draft
     accepted, after = verify(draft, sample_row)
     seq.keep(len(seq.kv) - len(draft) + len(accepted))
     run.usage.draft_tokens += len(draft)
+    run.usage.draft_steps += bool(draft)
     drafter.outcome(len(accepted), len(draft))
     return accepted, after

@@ -59,6 +59,7 @@ class LoadSettings:
     placement: Placement = Placement()  # which GPUs, when there are several
     draft: tuple[Path, ...] = ()  # a draft model's files, for speculative decoding (runtime/draft_model.py)
     draft_limits: DraftLimits = DraftLimits()
+    draft_name: str | None = None  # the draft model's name, as reports show it (None: its file's)
 
 
 @dataclass(frozen=True)
@@ -110,12 +111,19 @@ class Usage:
     cache_source: str | None = None  # where cached_tokens came from: "memory" or "disk"
     draft_tokens: int = 0  # tokens proposed by speculative decoding
     accepted_tokens: int = 0  # ... of which the model confirmed
+    draft_steps: int = 0  # decode steps that verified a draft (draft_tokens / draft_steps: the mean length)
+    draft: str | None = None  # what drafted: "lookup", or the draft model's name
     media_tokens: int = 0  # part of prompt_tokens that images and audio stand for
     audio_tokens: int = 0  # ... of which audio
 
     @property
     def acceptance(self) -> float | None:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def draft_length(self) -> float | None:
+        """The mean length of the drafts verified."""
+        return self.draft_tokens / self.draft_steps if self.draft_steps else None
 
 
 def percentile(values, q: float) -> float:
@@ -195,6 +203,9 @@ class FinalEvent:
 
     def to_dict(self) -> dict:
         out = {"finish_reason": self.finish_reason, "usage": asdict(self.usage), "timings": self.timings.summary()}
+        u = self.usage
+        if u.draft is not None:  # the drafting's outcome, derived (the counts are in usage)
+            out["draft"] = {"with": u.draft, "acceptance": u.acceptance, "mean_length": u.draft_length}
         if self.source is not None:
             out["endpoint"] = self.source
         if self.reasoning:

@@ -46,7 +46,8 @@ class RunnerConfig:
     timeout: float | None = 600.0  # seconds a request may take (finish_reason "time_limit")
     draft: str | None = _SCHEDULER.draft
     # the load
-    draft_files: tuple[str, ...] = ()  # the draft model's files (serve --draft MODEL; the first MODEL's)
+    draft_files: tuple[str, ...] = ()  # the draft model's files (serve --draft MODEL for the first MODEL; draft=)
+    draft_name: str | None = None  # ... and its name, as requests' "draft" and reports give it
     draft_max: int = 16
     draft_min: int = 0
     draft_p_min: float = 0.75

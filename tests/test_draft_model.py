@@ -40,6 +40,23 @@ def test_greedy_answer_is_the_targets_with_the_predicted_acceptance(pair, tmp_pa
     # Steps of 4 drafted tokens after a, e, b, e, b: "bcdx" keeps 3, "fgha" 4, "cdxy" 2, "fgha" 4,
     # and the last "cdxy" 2 (the answer's 20th token ends it).
     assert (drafted["usage"]["draft_tokens"], drafted["usage"]["accepted_tokens"]) == (20, 15)
+    assert drafted["usage"]["draft_steps"] == 5 and drafted["usage"]["draft"] == "draft.gguf"
+    assert drafted["draft"] == {"with": "draft.gguf", "acceptance": 0.75, "mean_length": 4.0}
+    assert alone["usage"]["draft"] is None and "draft" not in alone
+
+
+def test_the_stats_line_and_the_history_log_name_the_draft(pair, tmp_path):
+    target, draft, _ = pair
+    args = ["run", str(target), "hi", "-n", "20", "--temperature", "0", "--draft", str(draft), "--draft-max", "4",
+            "--draft-min", "4", "--stats"]
+    r = run_tallow(args, home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert "draft by draft.gguf 15/20 accepted (75%, 4.0 a step)" in r.stderr.decode()
+    logged = run_tallow(["logs", "-n", "1", "--json"], home=tmp_path)
+    (turn,) = json.loads(logged.stdout)
+    assert turn["usage"]["draft"] == "draft.gguf" and turn["usage"]["accepted_tokens"] == 15
+    shown = run_tallow(["logs", "-n", "1"], home=tmp_path).stdout.decode()
+    assert "target.gguf  draft draft.gguf" in shown
 
 
 def test_sampled_answer_is_the_targets_for_the_same_seed(tmp_path):
@@ -103,6 +120,7 @@ def test_batch_drafts_every_sequence_and_answers_as_the_target(pair, tmp_path):
         assert drafted[i]["text"] == alone[i]["text"] == "abcdefgh" * 3
         usage = drafted[i]["usage"]
         assert 0 < usage["accepted_tokens"] < usage["draft_tokens"]  # the draft is wrong after every "d"
+        assert drafted[i]["draft"]["with"] == "draft.gguf" and "draft" not in alone[i]
 
 
 def test_serve_drafts_for_its_first_model(pair, tmp_path):
@@ -120,6 +138,44 @@ def test_serve_drafts_for_its_first_model(pair, tmp_path):
             usage = r.usage.model_dump()
             # as in run, but the scheduler's room ends at max_tokens: the last step drafts only "cd"
             assert (usage["draft_tokens"], usage["accepted_tokens"]) == (18, 15), usage
+            assert usage["draft"] == "draft.gguf"
+        page = server.raw("/metrics")[2]
+        assert 'tallow_draft_tokens_total{model="target.gguf"} 36' in page
+        assert 'tallow_draft_accepted_tokens_total{model="target.gguf"} 30' in page
+        # a request names the draft, or lookup, or is refused naming what this model drafts with
+        named = client.chat.completions.create(model=target.name, max_tokens=20, temperature=0, extra_body={"draft": "draft.gguf"},
+                                               messages=[{"role": "user", "content": "hi"}])
+        assert named.usage.model_dump()["draft"] == "draft.gguf"
+        lookup = client.chat.completions.create(model=target.name, max_tokens=20, temperature=0, extra_body={"draft": "lookup"},
+                                                messages=[{"role": "user", "content": "hi"}])
+        assert lookup.usage.model_dump().get("draft") in ("lookup", None)  # None: lookup found nothing to draft
+        status, _, body = server.raw("/v1/chat/completions", json.dumps(
+            {"model": target.name, "messages": [{"role": "user", "content": "hi"}], "draft": "other.gguf"}).encode(),
+            {"Content-Type": "application/json"})
+        assert status == 400 and body["error"]["param"] == "draft", body
+        assert "drafts with draft.gguf, not 'other.gguf'" in body["error"]["message"]
+    finally:
+        server.close()
+
+
+def test_serve_drafts_per_model(pair, tmp_path):
+    pytest.importorskip("anthropic")
+    import anthropic
+    from helpers.server import Server
+
+    target, draft, folder = pair
+    other = write_synthetic_gguf(folder / "other.gguf", seed=5, script=TARGET)
+    server = Server(target, tmp_path, str(other), "--model-option", f"{target} draft={draft}",
+                    "--draft-max", "4", "--draft-min", "4")
+    try:
+        client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        r = client.messages.create(model=target.name, max_tokens=20, extra_body={"temperature": 0},
+                                   messages=[{"role": "user", "content": "hi"}])
+        assert r.content[0].text == "abcdefgh" * 2 + "abcd"
+        assert 'tallow_draft_accepted_tokens_total{model="target.gguf"} 15' in server.raw("/metrics")[2]
+        with pytest.raises(anthropic.BadRequestError, match="not served with a draft model"):
+            client.messages.create(model=other.name, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                                   extra_body={"draft": "draft.gguf"})
     finally:
         server.close()
 

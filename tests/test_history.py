@@ -29,7 +29,7 @@ def test_migrations_apply_once_in_order():
     assert migrate(db) == [m.__name__ for m in MIGRATIONS]
     assert migrate(db) == []
     cols = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
-    assert {"prompt", "response", "reasoning", "reasoning_tokens", "conversation_id"} <= cols
+    assert {"prompt", "response", "reasoning", "reasoning_tokens", "conversation_id", "draft", "accepted_tokens"} <= cols
 
 
 def test_a_database_from_an_older_version_is_upgraded():
@@ -37,7 +37,7 @@ def test_a_database_from_an_older_version_is_upgraded():
     db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied REAL NOT NULL)")
     MIGRATIONS[0](db)
     db.execute("INSERT INTO _migrations VALUES ('m001_initial', 0)")
-    assert migrate(db) == ["m002_reasoning", "m003_api_responses"]
+    assert migrate(db) == ["m002_reasoning", "m003_api_responses", "m004_drafts"]
 
 
 def test_log_and_query():

@@ -17,6 +17,7 @@ from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
     check_fields,
+    draft_field,
     flag,
     joined_text,
     number,
@@ -131,9 +132,7 @@ def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     thinking = _thinking(body, requested)
     tools = tool_list(body["tools"], "tools", "anthropic") if body.get("tools") is not None else ()
     choice = tool_choice(tools, body.get("tool_choice"), True, limits.tool_format, "anthropic")
-    draft = body.get("draft")
-    if draft is not None and draft != "lookup":
-        raise APIError("'draft' must be \"lookup\"", param="draft")
+    draft = draft_field(body)
     return Parsed(messages=messages_of(body, limits.fetch), prompt=None, max_tokens=min(requested, limits.max_tokens),
                   stop=stops(body.get("stop_sequences"), "stop_sequences", 16), sampling=sampling(body, limits.seed),
                   stream=flag(body, "stream"), include_usage=True, logprobs=None, json_format=False, schema=None,

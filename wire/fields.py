@@ -110,6 +110,16 @@ def flag(body: dict, name: str) -> bool:
     return value
 
 
+def draft_field(body: dict) -> str | None:
+    """tallow's extension `draft`: "lookup" (drafts from the prompt and the answer so far), or
+    the name of the draft model this model was served with; which names are loaded, the
+    runner knows (to_request)."""
+    value = body.get("draft")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise APIError("'draft' must be \"lookup\" or the name of this model's draft model", param="draft")
+    return value
+
+
 def text_field(body: dict, name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):

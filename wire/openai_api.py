@@ -18,6 +18,7 @@ from tallow.runtime.types import FinalEvent, Request, TokenEvent
 from tallow.wire.fields import (
     APIError,
     check_fields,
+    draft_field,
     flag,
     joined_text,
     logit_bias,
@@ -58,9 +59,7 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     if body.get("cache_prompt") not in (None, True):  # llama.cpp's: tallow always reuses a cached prefix
         raise APIError("'cache_prompt' can only be true: tallow always reuses the cached prefix of a prompt",
                        param="cache_prompt")
-    draft = body.get("draft")
-    if draft is not None and draft != "lookup":
-        raise APIError("'draft' must be \"lookup\" (drafts from the prompt and the answer so far)", param="draft")
+    draft = draft_field(body)
     return {"draft": draft, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
             "stop": stops(body.get("stop")), "sampling": sampling(body, limits.seed), "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
@@ -194,6 +193,7 @@ def to_request(engine, parsed: Parsed) -> Request:
         grammar = parsed.grammar or grammar_for(parsed.json_format, parsed.schema)
     except TallowError as exc:
         raise APIError(exc.message, param="response_format") from exc
+    kwargs = {**parsed.request_kwargs(), "draft": _draft_method(engine, parsed.draft)}
     if parsed.messages is not None:
         head = 0
         while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
@@ -201,7 +201,7 @@ def to_request(engine, parsed: Parsed) -> Request:
         prefixes = [parsed.messages[:head]] if head else []
         try:
             return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
-                                  **parsed.request_kwargs())
+                                  **kwargs)
         except MediaError as exc:  # images for a model without a projector
             raise APIError(exc.message, param="messages") from exc
     if isinstance(parsed.prompt, list):
@@ -211,7 +211,22 @@ def to_request(engine, parsed: Parsed) -> Request:
         tokens = list(parsed.prompt)
     else:
         tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
-    return Request(tokens, grammar=grammar, **parsed.request_kwargs())
+    return Request(tokens, grammar=grammar, **kwargs)
+
+
+def _draft_method(engine, draft: str | None) -> str | None:
+    """A request's `draft` as the engine's method: "lookup", or "model" where it names the
+    draft model this engine loaded."""
+    if draft in (None, "lookup"):
+        return draft
+    loaded = engine.drafts.name if engine.drafts is not None else None
+    if loaded is None:
+        raise APIError(f"'draft': this model was not served with a draft model, so it cannot draft with {draft!r} "
+                       "(serve --draft MODEL, or --model-option 'NAME draft=MODEL'); \"lookup\" needs none",
+                       param="draft")
+    if draft not in (loaded, loaded.removesuffix(":latest")):
+        raise APIError(f"'draft': this model drafts with {loaded}, not {draft!r}", param="draft")
+    return "model"
 
 
 # -- responses -----------------------------------------------------------------------------
@@ -235,6 +250,7 @@ def usage(final: FinalEvent) -> dict[str, Any]:
         out["cache_source"] = u.cache_source
     if u.draft_tokens:
         out["draft_tokens"], out["accepted_tokens"] = u.draft_tokens, u.accepted_tokens
+        out["draft_steps"], out["draft"] = u.draft_steps, u.draft
     return out
 
 

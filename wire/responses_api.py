@@ -19,6 +19,7 @@ from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
     check_fields,
+    draft_field,
     flag,
     joined_text,
     logit_bias,
@@ -119,9 +120,7 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
         raise APIError("'truncation' must be \"disabled\": tallow never drops input silently", param="truncation")
     max_tokens = number(body, "max_output_tokens", 1, 2**31, None, integer=True)
     max_tokens = min(max_tokens or limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
-    draft = body.get("draft")
-    if draft is not None and draft != "lookup":
-        raise APIError("'draft' must be \"lookup\"", param="draft")
+    draft = draft_field(body)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise APIError("'store' must be true or false", param="store")

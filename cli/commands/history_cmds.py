@@ -76,7 +76,8 @@ def logs(
     out = sys.stdout
     for t in turns:
         when = datetime.fromtimestamp(t.created).isoformat(sep=" ", timespec="seconds")
-        out.write(f"# {when}  {t.model}  conversation {t.conversation_id}  ({t.finish_reason})\n")
+        drafted = f"  draft {t.usage['draft']}" if t.usage.get("draft") else ""
+        out.write(f"# {when}  {t.model}{drafted}  conversation {t.conversation_id}  ({t.finish_reason})\n")
         if t.system:
             out.write(f"system: {t.system}\n")
         out.write(f"> {t.prompt}\n{t.response}\n\n")

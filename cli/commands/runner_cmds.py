@@ -52,7 +52,7 @@ def runner(
         from tallow.runtime.types import DraftLimits
 
         load = replace(load, draft=tuple(Path(p) for p in c.draft_files),
-                       draft_limits=DraftLimits(c.draft_max, c.draft_min, c.draft_p_min))
+                       draft_limits=DraftLimits(c.draft_max, c.draft_min, c.draft_p_min), draft_name=c.draft_name)
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
     if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker

@@ -56,7 +56,7 @@ def serve(
     max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
-    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,...' (repeatable).", show_default=False),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup' (repeatable).", show_default=False),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
     offline: o.Offline = False,
 ) -> None:
@@ -82,7 +82,8 @@ def serve(
     if not is_loopback(host) and not key:
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
-    draft_files = _draft_files(draft, offline or settings.offline(), draft_max, draft_min, draft_p_min)
+    drafts = _Drafts(offline or settings.offline(), (draft_max, draft_min, draft_p_min))
+    draft_files, draft_name = drafts.files(draft)
     if allow_media_urls and (offline or settings.offline()):
         raise typer.BadParameter("fetching URLs needs the network, and offline mode is on", param_hint="--allow-media-urls")
     if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
@@ -94,7 +95,8 @@ def serve(
         budget = settings.parse_size(memory_budget)
         if not budget:
             raise typer.BadParameter("give a size such as 8GB or 512MiB", param_hint="--memory-budget")
-    per_model = _model_options(model_option or [])
+    per_model = _model_options(model_option or [], drafts)
+    drafts.check_limits(draft)
     place = o.placement(device, main_gpu, split_mode, tensor_split)  # checked here; each runner makes its own
     if place.devices:
         from tallow.runtime.devices import gpu_handles
@@ -106,6 +108,7 @@ def serve(
         base = RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
                             device=device, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,
                             flash_attn=o.parse_flash_attn(flash_attn), draft=o.parse_draft(draft), draft_files=draft_files,
+                            draft_name=draft_name,
                             draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min, deterministic=deterministic,
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
@@ -134,12 +137,31 @@ def serve(
             pool.close()
 
 
-def _draft_files(draft: str | None, offline: bool, most: int, fewest: int, p_min: float) -> tuple[str, ...]:
-    """--draft MODEL's files (found, or pulled, now); the first MODEL's runner loads them."""
-    from tallow.runtime.types import LoadSettings
+class _Drafts:
+    """Draft models named at start (--draft, a model's draft=): found, or pulled, now; a
+    runner loads its own."""
 
-    load = o.draft_model(LoadSettings(), draft, offline, most, fewest, p_min)
-    return tuple(str(p) for p in load.draft)
+    def __init__(self, offline: bool, limits: tuple[int, int, float]) -> None:
+        self.offline, self.limits, self.named = offline, limits, 0
+
+    def files(self, draft: str | None) -> tuple[tuple[str, ...], str | None]:
+        if draft in (None, "lookup"):
+            return (), None
+        from tallow.runtime.types import LoadSettings
+
+        self.named += 1
+        load = o.draft_model(LoadSettings(), draft, self.offline, *self.limits)
+        return tuple(str(p) for p in load.draft), load.draft_name
+
+    def option(self, value: str) -> dict:
+        """A model's draft= option as its runner's settings."""
+        files, name = self.files(value)
+        return {"draft": o.parse_draft(value), "draft_files": files, "draft_name": name}
+
+    def check_limits(self, draft: str | None) -> None:
+        """--draft-max and the others need a draft model somewhere (o.draft_model says it)."""
+        if not self.named:
+            o.draft_model(None, draft, self.offline, *self.limits)
 
 
 def _loaded_line(r) -> str:
@@ -160,13 +182,16 @@ def _keep_alive(text: str) -> float | None:
         raise typer.BadParameter(str(exc), param_hint="--keep-alive") from exc
 
 
-def _model_options(values: list[str]) -> dict[str, dict]:
+def _model_options(values: list[str], drafts: _Drafts) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for value in values:
         name, *pairs = value.split()
         opts: dict = {}
         for pair in pairs:
             k, _, v = pair.partition("=")
+            if k == "draft" and v:
+                opts.update(drafts.option(v))
+                continue
             if k == "gpu_layers" and (v in ("auto", "all") or v.isdigit()):
                 opts[k] = v
                 continue
@@ -175,7 +200,8 @@ def _model_options(values: list[str]) -> dict[str, dict]:
                 opts[k] = v
                 continue
             if k not in ("parallel", "ctx") or not v.isdigit() or int(v) < 1:
-                raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers), gpu_layers=auto|all|N or device=NAMES",
+                raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers), gpu_layers=auto|all|N, "
+                                         "device=NAMES or draft=MODEL|lookup",
                                          param_hint="--model-option")
             opts[k] = int(v)
         if not opts:
@@ -215,7 +241,7 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
 
     def config_for(name: str) -> RunnerConfig:
         # --mmproj and --draft MODEL are the first MODEL's
-        conf = base if name == (names or [None])[0] else replace(base, mmproj=None, draft_files=(),
+        conf = base if name == (names or [None])[0] else replace(base, mmproj=None, draft_files=(), draft_name=None,
                                                                  draft=None if base.draft_files else base.draft)
         for key, opts in per_model.items():
             if registry.find(key).name == name:

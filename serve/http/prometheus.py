@@ -46,6 +46,10 @@ def scheduler_metrics(sched) -> str:
     lines += counter("tallow_cached_prompt_tokens_total", "Prompt tokens reused from the KV cache", st.cached_tokens)
     lines += counter("tallow_completion_tokens_total", "Tokens generated", st.completion_tokens)
     lines += counter("tallow_decode_calls_total", "llama_decode calls made", st.steps)
+    lines += counter("tallow_draft_tokens_total", "Drafted tokens verified (speculative decoding)", st.draft_tokens)
+    lines += counter("tallow_draft_accepted_tokens_total", "Drafted tokens the model confirmed", st.accepted_tokens)
+    lines += counter("tallow_draft_steps_total", "Decode steps that verified a draft (tokens / steps: the mean draft length)",
+                     st.draft_steps)
     lines += counter("tallow_requests_rejected_total", "Requests refused with 503: the queue was full", st.rejected)
     lines += histogram("tallow_time_to_first_token_seconds", "From submission to the first token", st.ttft)
     lines += histogram("tallow_inter_token_latency_seconds", "Between consecutive tokens of a request", st.itl)
