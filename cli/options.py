@@ -53,7 +53,7 @@ Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the mod
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
-Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far; a MODEL (stored, a path or a reference) of the same vocabulary drafts with that model. The answer is the same.", show_default=False)]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Speculative decoding: 'lookup' drafts from the prompt and output so far; a MODEL (stored, a path or a reference) of the same vocabulary drafts with that model; 'auto' picks a small stored one, or none. The answer is the same.", show_default=False)]
 DraftMax = Annotated[int, typer.Option("--draft-max", min=1, max=64, help="With --draft MODEL: the most tokens drafted in one step.")]
 DraftMin = Annotated[int, typer.Option("--draft-min", min=0, max=64, help="With --draft MODEL: the fewest (0: drafting stops where it does not pay).")]
 DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0, help="With --draft MODEL: stop a draft where the draft model's top probability falls under this.")]
@@ -212,15 +212,16 @@ DRAFT_DEFAULTS = (16, 0, 0.75)  # --draft-max, --draft-min, --draft-p-min
 
 def parse_draft(value: str | None) -> str | None:
     """The request's draft method for --draft: "lookup", "model" (a draft model) or None."""
-    return value if value in (None, "lookup") else "model"
+    return value if value in (None, "lookup") else "model"  # "auto" finds a model, or drafting is off
 
 
 def draft_limits_given(most: int, fewest: int, p_min: float) -> bool:
     return (most, fewest, p_min) != DRAFT_DEFAULTS
 
 
-def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, p_min: float):
-    """The load settings with --draft MODEL's files and limits (found, or pulled, as any model)."""
+def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, p_min: float, target: str = ""):
+    """The load settings with --draft MODEL's files and limits (found, or pulled, as any
+    model); `--draft auto` picks a stored model for `target` (models/draft_pick.py), or none."""
     from dataclasses import replace
 
     from tallow.runtime.types import DraftLimits
@@ -233,8 +234,23 @@ def draft_model(load, value: str | None, offline: bool, most: int, fewest: int, 
         return load
     from tallow.cli.models import find_model
 
-    local = find_model(value, offline)
+    local = _auto_draft(find_model(target, offline)) if value == "auto" else find_model(value, offline)
+    if local is None:
+        return load
     return replace(load, draft=tuple(local.paths), draft_limits=DraftLimits(most, fewest, p_min), draft_name=local.name)
+
+
+def _auto_draft(target):
+    """--draft auto's choice for a target (a LocalModel), said on stderr either way."""
+    from tallow.cli.models import store
+    from tallow.cli.render import err_console
+    from tallow.models.draft_pick import SMALL_FRACTION, pick_draft
+
+    local = pick_draft(target, store())
+    err_console().print(f"--draft auto: drafting with {local.name}" if local is not None else
+                        f"--draft auto: no stored model shares {target.name}'s vocabulary at under "
+                        f"{SMALL_FRACTION:.0%} of its size, so nothing drafts", soft_wrap=True, markup=False)
+    return local
 
 
 def structured(format_: str | None, json_schema: str | None):

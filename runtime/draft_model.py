@@ -14,7 +14,9 @@ enough of the draft is accepted. Each sequence estimates its per-token acceptanc
 picks the draft length k that maximises the expected tokens per unit of work,
 (1 - a^(k+1)) / (1 - a) against 1 + k * (cost of a draft token + cost of a verified row),
 in target-decode units; it drafts nothing when no k beats plain decoding, probing with
-one token now and then so that it notices when the text becomes predictable.
+one token now and then so that it notices when the text becomes predictable. In a busy
+step (many sequences decoding together) a verified row costs more of a sequence's share,
+so drafting stops on its own once enough sequences are busy (row_cost).
 """
 
 from __future__ import annotations
@@ -47,13 +49,23 @@ def vocabulary_difference(target, draft) -> str | None:
     return None
 
 
-def best_length(acceptance: float, draft_cost: float, limit: int) -> int:
-    """The draft length with the most expected tokens per unit of work; 0 when none beats
-    plain decoding (one token per unit)."""
+def row_cost(busy: int) -> float:
+    """A verified row's cost, in this sequence's share of a step, when `busy` sequences
+    decode together: a step of B rows costs about 1 + ROW_COST (B - 1) decodes, so each
+    sequence's share is that over B, and one more row adds ROW_COST to the whole step."""
+    return ROW_COST * busy / (1 + ROW_COST * (busy - 1))
+
+
+def best_length(acceptance: float, draft_cost: float, limit: int, busy: int = 1) -> int:
+    """The draft length with the most expected tokens per unit of work, with `busy`
+    sequences sharing the step; 0 when none beats plain decoding (one token per unit). A
+    busy step is already paid for by its other rows, so a draft's rows cost relatively more:
+    at 8 sequences a row costs 0.89 of a sequence's share and drafting rarely pays."""
     a = min(max(acceptance, 0.0), 0.999)
+    extra = draft_cost + row_cost(max(1, busy))
     best, best_gain = 0, 1.0
     for k in range(1, limit + 1):
-        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + k * (draft_cost + ROW_COST))
+        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + k * extra)
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -158,14 +170,15 @@ class DraftContext:
         return rows
 
 
-def propose_all(wanted: list[tuple[object, int]], drafts: DraftContext | None) -> list[list[int]]:
-    """A step's drafts for several sequences, (drafter, room) each: lookup drafters propose
-    alone, the draft model's drafters in shared batches."""
+def propose_all(wanted: list[tuple[object, int]], drafts: DraftContext | None, busy: int = 1) -> list[list[int]]:
+    """A step's drafts for several sequences, (drafter, room) each, `busy` sequences
+    decoding in the step: lookup drafters propose alone, the draft model's drafters in
+    shared batches, each as long as pays with that many sharing the step."""
     out: list[list[int]] = [[] for _ in wanted]
     batched = []
     for i, (drafter, room) in enumerate(wanted):
         if isinstance(drafter, ModelDrafter):
-            batched.append((i, drafter, drafter.length(room)))
+            batched.append((i, drafter, drafter.length(room, busy)))
         else:
             out[i] = drafter.propose(room)  # type: ignore[attr-defined]
     if batched:
@@ -198,11 +211,12 @@ class ModelDrafter:
     def extend(self, tokens) -> None:
         self.history.extend(tokens)
 
-    def length(self, room: int) -> int:
-        """This step's draft length, from the acceptance seen so far."""
+    def length(self, room: int, busy: int = 1) -> int:
+        """This step's draft length, from the acceptance seen so far and how many sequences
+        share the step."""
         limits = self.owner.limits
         top = min(limits.max, room)
-        k = max(best_length(self.acceptance, self.owner.cost, top), min(limits.min, top))
+        k = max(best_length(self.acceptance, self.owner.cost, top, busy), min(limits.min, top))
         if k == 0:
             self.idle += 1
             if self.idle < PROBE_EVERY or top < 1:

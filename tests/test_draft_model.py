@@ -11,7 +11,7 @@ import pytest
 from helpers.processes import run_tallow
 from helpers.synth import write_synthetic_gguf
 
-from tallow.runtime.draft_model import best_length
+from tallow.runtime.draft_model import best_length, row_cost
 
 # The target cycles a..h; the draft agrees except after "d", where it says "x" (then "y",
 # after which it has no confident guess).
@@ -99,6 +99,38 @@ def test_the_length_follows_the_acceptance():
     assert best_length(0.95, 0.1, 16) > best_length(0.85, 0.1, 16) > 0
     assert best_length(0.3, 0.3, 16) == 0  # a poor one does not pay
     assert best_length(0.95, 0.1, 2) <= 2  # never past the room
+
+
+def test_drafting_stops_when_enough_sequences_share_the_step():
+    # a verified row costs 0.5 of a lone decode but more of each sequence's share of a busy step
+    assert row_cost(1) == 0.5 and row_cost(8) == pytest.approx(8 / 9)
+    assert best_length(0.9, 0.1, 16, busy=1) > best_length(0.9, 0.1, 16, busy=2) > 0
+    assert best_length(0.9, 0.1, 16, busy=8) == 0
+    assert best_length(0.99, 0.05, 16, busy=8) > 0  # an almost always right draft still pays
+
+
+def test_draft_auto_picks_a_small_stored_model_of_the_same_vocabulary(pair, tmp_path, monkeypatch):
+    from tallow.models import draft_pick
+    from tallow.models.resolve import locate
+    from tallow.models.store import Store
+
+    target, draft, folder = pair
+    other_vocab = write_synthetic_gguf(folder / "wide.gguf", seed=5, extra_tokens=tuple(f"w{i}" for i in range(200)))
+    for path, name in ((target, "t:big"), (draft, "d:small"), (other_vocab, "w:small")):
+        done = run_tallow(["import", str(path), "--name", name], home=tmp_path)
+        assert done.returncode == 0, done.stderr
+    store = Store(tmp_path / "models")
+    big = locate("t:big", store)
+    assert draft_pick.pick_draft(big, store) is None  # the same size: not a small fraction
+    monkeypatch.setattr(draft_pick, "SMALL_FRACTION", 1.0)
+    picked = draft_pick.pick_draft(big, store)  # never the target itself, nor the wider vocabulary
+    assert picked is not None and picked.name == "d:small"
+
+
+def test_draft_auto_says_when_nothing_can_draft(default_home):
+    r = run_tallow(["run", "smollm2:135m", "hi", "-n", "4", "--draft", "auto"], home=default_home)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr.decode()
+    assert "--draft auto: no stored model shares smollm2:135m's vocabulary" in r.stderr.decode()
 
 
 def test_batch_drafts_every_sequence_and_answers_as_the_target(pair, tmp_path):

@@ -87,7 +87,7 @@ def batch(
         _report(stats, input, output)
         return
     load = replace(o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), mmproj=o.checked_mmproj(mmproj))
-    load = o.draft_model(load, draft, offline, draft_max, draft_min, draft_p_min)
+    load = o.draft_model(load, draft, offline, draft_max, draft_min, draft_p_min, target=model)
     with out:
         name, sched = open_scheduler(model, load, offline,
                                      SchedulerSettings(parallel=parallel, deterministic=deterministic,

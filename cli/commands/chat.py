@@ -93,7 +93,7 @@ def chat(
     if load is not None:
         load = replace(load, mmproj=o.checked_mmproj(mmproj),
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))
-        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min)
+        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min, model)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),

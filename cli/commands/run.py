@@ -119,7 +119,7 @@ def run(
     if load is not None and text is not None:
         load = o.one_shot(load, text, max_tokens, draft is not None)
     if load is not None:
-        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min)
+        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min, model)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
                                allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
                                media={m.kind for m in media})

@@ -83,7 +83,7 @@ def serve(
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
     drafts = _Drafts(offline or settings.offline(), (draft_max, draft_min, draft_p_min))
-    draft_files, draft_name = drafts.files(draft)
+    draft_files, draft_name = drafts.files(draft, models[0] if models else None)
     if allow_media_urls and (offline or settings.offline()):
         raise typer.BadParameter("fetching URLs needs the network, and offline mode is on", param_hint="--allow-media-urls")
     if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
@@ -144,18 +144,21 @@ class _Drafts:
     def __init__(self, offline: bool, limits: tuple[int, int, float]) -> None:
         self.offline, self.limits, self.named = offline, limits, 0
 
-    def files(self, draft: str | None) -> tuple[tuple[str, ...], str | None]:
+    def files(self, draft: str | None, target: str | None) -> tuple[tuple[str, ...], str | None]:
+        """The files and name of the draft for `target` (--draft auto picks one, or none)."""
         if draft in (None, "lookup"):
             return (), None
+        if draft == "auto" and target is None:
+            raise typer.BadParameter("--draft auto picks a draft for the first MODEL: give one", param_hint="--draft")
         from tallow.runtime.types import LoadSettings
 
         self.named += 1
-        load = o.draft_model(LoadSettings(), draft, self.offline, *self.limits)
+        load = o.draft_model(LoadSettings(), draft, self.offline, *self.limits, target=target or "")
         return tuple(str(p) for p in load.draft), load.draft_name
 
-    def option(self, value: str) -> dict:
+    def option(self, value: str, target: str) -> dict:
         """A model's draft= option as its runner's settings."""
-        files, name = self.files(value)
+        files, name = self.files(value, target)
         return {"draft": o.parse_draft(value), "draft_files": files, "draft_name": name}
 
     def check_limits(self, draft: str | None) -> None:
@@ -190,7 +193,7 @@ def _model_options(values: list[str], drafts: _Drafts) -> dict[str, dict]:
         for pair in pairs:
             k, _, v = pair.partition("=")
             if k == "draft" and v:
-                opts.update(drafts.option(v))
+                opts.update(drafts.option(v, name))
                 continue
             if k == "gpu_layers" and (v in ("auto", "all") or v.isdigit()):
                 opts[k] = v
