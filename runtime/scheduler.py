@@ -72,6 +72,7 @@ class Handle:
         self._on_event = on_event if on_event is not None else self._queue.put
         self.cancelled = False
         self._wake: Callable[[], None] = lambda: None
+        self.job: Any = None  # the scheduler's record of it
 
     def cancel(self) -> None:
         """Stop the request at the next step (finish_reason 'cancelled'); its slot is freed."""
@@ -107,6 +108,7 @@ class _Job:
         self.drafter: Any = None  # a LookupDrafter or a ModelDrafter, made with the slot (engine.drafter_for)
         self.draft: list[int] = []  # guesses decoded after next_token in this step
         self.points: list[int] = []  # cache points to save when the prefill reaches them
+        self.leader: _Job | None = None  # the job this one forks from (Scheduler.submit's fork_of)
 
     @property
     def held(self) -> _Slot:
@@ -156,9 +158,12 @@ class Scheduler:
         return cls(Engine(paths, load_settings_for(load, settings)), settings)
 
     # -- the caller's side -------------------------------------------------------------------
-    def submit(self, request: Request, on_event: Callable[[Event], None] | None = None) -> Handle:
+    def submit(self, request: Request, on_event: Callable[[Event], None] | None = None,
+               fork_of: Handle | None = None) -> Handle:
         """Queue a request. Raises ContextOverflow when it can never fit, QueueFull when too
-        many wait. `on_event` is called on the engine thread; without it, read handle.events()."""
+        many wait. `on_event` is called on the engine thread; without it, read handle.events().
+        With `fork_of` (a request of the same prompt submitted just before), it starts from a
+        copy of that request's cells once its prompt is evaluated: several answers, one prefill."""
         prompt = request.prompt_tokens
         if not prompt:
             raise ContextOverflow("the prompt is empty")
@@ -177,7 +182,8 @@ class Scheduler:
             request = replace(request, draft=self.settings.draft)
         handle = Handle(on_event)
         job = _Job(request, self.engine.model, handle, limit, deadline)
-        handle._wake = self._wake
+        job.leader = fork_of.job if fork_of is not None else None
+        handle._wake, handle.job = self._wake, job
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
@@ -242,8 +248,8 @@ class Scheduler:
         while self._waiting:
             job = self._waiting[0]
             free = [s for s in self.slots if s.job is None]
-            if not free:
-                return
+            if not free or self._prefilling(job.leader):
+                return  # a fork waits (briefly) for its leader's prompt, so that it is evaluated once
             prompt = job.request.prompt_tokens
             # The longest cached prefix; else the lowest free slot, so that busy sequences stay
             # consecutive (deterministic mode decodes a run of them in one micro-batch).
@@ -252,6 +258,17 @@ class Scheduler:
                 return
             self._waiting.popleft()
             self._start(job, slot)
+
+    def _prefilling(self, leader: _Job | None) -> bool:
+        return leader is not None and leader in self._active and leader.next_token is None \
+            and leader.run.t_decode_start is None
+
+    def _fork(self, job: _Job, slot: _Slot) -> None:
+        """A fork's slot takes its leader's cells when they hold more of the prompt."""
+        lead = job.leader.slot if job.leader is not None else None
+        prompt = job.request.prompt_tokens
+        if lead is not None and lead is not slot and common_prefix(lead.kv, prompt) > slot.sequence.reusable(prompt):
+            slot.sequence.copy_from(lead.sequence)
 
     def _make_room(self, job: _Job, slot: _Slot, free: list[_Slot]) -> bool:
         """Unified KV: reserve job.limit cells, dropping idle slots' cached prompts (least
@@ -275,6 +292,7 @@ class Scheduler:
             slot.job = None
             self._emit(job, Failure(e))
             return
+        self._fork(job, slot)
         _, job.points = begin_request(slot.sequence, job.run, self.engine.disk, job.sampler)
         self._active.append(job)
 

@@ -77,6 +77,13 @@ class Sequence:
         self.kv.clear()
         self._jumps.clear()
 
+    def copy_from(self, other: Sequence) -> None:
+        """Hold what `other` holds: a fork of its prompt, with no prefill of its own."""
+        self.clear()
+        self.ctx.seq_cp(other.seq, self.seq)
+        self.kv.extend(other.kv)
+        self._jumps = list(other._jumps)
+
     def reusable(self, prompt: list[int]) -> int:
         """How many of the prompt's tokens the cells hold already; never all of them, since the
         last prompt token must be evaluated again for its logits."""

@@ -52,8 +52,8 @@ def test_unknown_fields_are_refused_by_name_on_every_route(server):
     status, _, _ = post(server, "/v1/chat/completions", {"messages": USER, "user": "u1", "metadata": {"a": "b"},
                                                          "max_tokens": 2})
     assert status == 200
-    status, _, out = post(server, "/v1/chat/completions", {"messages": USER, "n": 2})
-    assert status == 400 and out["error"]["param"] == "n"
+    status, _, out = post(server, "/v1/chat/completions", {"messages": USER, "n": 17})
+    assert status == 400 and out["error"]["param"] == "n" and "between 1 and 16" in out["error"]["message"]
 
 
 def test_logit_bias_changes_the_answer(server, synth_engine):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import replace
 from typing import Any
 
 from tallow.runtime.answer import Outcome
@@ -41,9 +42,11 @@ CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", 
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
 
+MOST_CHOICES = 16  # n: answers from one prompt, each a fork of its cells
+
+
 def _common(body: dict, limits: Limits) -> dict[str, Any]:
     limits.check_model(body.get("model"))
-    number(body, "n", 1, 1, 1, integer=True)  # one choice per request: any other n is refused
     max_tokens = number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
     if max_tokens is None:
         max_tokens = number(body, "max_tokens", 1, 2**31, None, integer=True)
@@ -61,6 +64,7 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
                        param="cache_prompt")
     draft = draft_field(body)
     return {"draft": draft, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
+            "n": number(body, "n", 1, MOST_CHOICES, 1, integer=True),
             "stop": stops(body.get("stop")), "sampling": sampling(body, limits.seed), "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
             "ignore_eos": flag(body, "ignore_eos"), "grammar": _grammar(body, json_format),
@@ -235,6 +239,27 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+def forks(request: Request, n: int) -> list[Request]:
+    """n requests for n choices: the first as asked, each other with the next seed (or a
+    fresh random one when the request gives none)."""
+    seed = request.sampling.seed
+    return [request] + [replace(request, sampling=replace(request.sampling, seed=None if seed is None else
+                                                          (seed + i) & 0xFFFFFFFF)) for i in range(1, n)]
+
+
+def merged(finals: list[FinalEvent]) -> FinalEvent:
+    """n choices' usage as one answer's: the prompt once (the first fork's, which evaluated
+    it), every choice's completion and drafts, the first's timings."""
+    first, u = finals[0], replace(finals[0].usage)
+    for f in finals[1:]:
+        u.completion_tokens += f.usage.completion_tokens
+        u.reasoning_tokens += f.usage.reasoning_tokens
+        u.draft_tokens += f.usage.draft_tokens
+        u.accepted_tokens += f.usage.accepted_tokens
+        u.draft_steps += f.usage.draft_steps
+    return replace(first, usage=u)
+
+
 def usage(final: FinalEvent) -> dict[str, Any]:
     u = final.usage
     out: dict[str, Any] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -266,6 +291,7 @@ class Shaper:
         self.fingerprint = fingerprint
         self.logprobs = parsed.logprobs is not None
         self.entries: list[dict[str, Any]] = []
+        self.index = 0  # the choice this shaper writes (n > 1: one shaper per choice, one id)
 
     def _base(self, obj: str) -> dict[str, Any]:
         out = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -299,13 +325,13 @@ class Shaper:
             if outcome.calls:
                 message["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
                                          for cid, name, args in outcome.calls]
-            choice = {"index": 0, "message": message, "logprobs": self._logprobs_of(self.entries),
+            choice = {"index": self.index, "message": message, "logprobs": self._logprobs_of(self.entries),
                       "finish_reason": outcome.finish_reason}
             if outcome.error:
                 choice["tool_call_error"] = outcome.error  # tallow's extension
             out = self._base("chat.completion")
         else:
-            choice = {"index": 0, "text": final.text, "logprobs": self._logprobs_of(self.entries),
+            choice = {"index": self.index, "text": final.text, "logprobs": self._logprobs_of(self.entries),
                       "finish_reason": final.finish_reason}
             out = self._base("text_completion")
         out.update(choices=[choice], usage=usage(final), timings=final.timings.summary())
@@ -323,12 +349,12 @@ class Shaper:
                 delta["reasoning_content"] = reasoning
             if calls:
                 delta["tool_calls"] = calls
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             if error:
                 choice["tool_call_error"] = error
             out = self._base("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": finish}
             out = self._base("text_completion")
         out["choices"] = [choice]
         return out

@@ -57,6 +57,7 @@ class Parsed:
     grammar: str | None = None  # llama.cpp's extension: GBNF constraining the answer
     logit_bias: tuple[tuple[int, float], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # what one API keeps for shaping its answer
+    n: int = 1  # OpenAI's n: answers from one prompt (the runner forks the sequence after prefill)
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,

@@ -38,16 +38,23 @@ class ChatAdapter:
         return [_data(c) for c in self.shaper.deltas(self.answer.feed(ev), entry)]
 
     def closing(self, final: FinalEvent) -> list[str]:
+        return self.finished(final) + self.ending(final)
+
+    def ending(self, usage: FinalEvent) -> list[str]:
+        """The usage chunk (when asked for; of n choices, their merged usage), then [DONE]."""
+        out = [_data(self.shaper.usage_chunk(usage))] if self.parsed.include_usage else []
+        return out + ["data: [DONE]\n\n"]
+
+    def finished(self, final: FinalEvent) -> list[str]:
+        """The choice's last chunks: what was held back, and its finish reason."""
         deltas, outcome = self.answer.finish(final)
         if not self.shaper.chat:
             out = [_data(self.shaper.chunk(final.tail))] if final.tail else []
             out.append(_data(self.shaper.chunk(finish=final.finish_reason)))
-        else:
-            out = [_data(c) for c in self.shaper.deltas(deltas)]
-            out.append(_data(self.shaper.chunk(finish=outcome.finish_reason, error=outcome.error)))
-        if self.parsed.include_usage:
-            out.append(_data(self.shaper.usage_chunk(final)))
-        return out + ["data: [DONE]\n\n"]
+            return out
+        out = [_data(c) for c in self.shaper.deltas(deltas)]
+        out.append(_data(self.shaper.chunk(finish=outcome.finish_reason, error=outcome.error)))
+        return out
 
     def failed(self, message: str) -> list[str]:
         return [_data(openai_api.APIError(message, 500, kind="server_error").body())]
@@ -57,6 +64,23 @@ class ChatAdapter:
 
     def whole(self, final: FinalEvent) -> dict[str, Any]:
         return self.shaper.whole(final, self.answer.whole(final))
+
+
+def choices_of(adapters: list[ChatAdapter], finals: list[FinalEvent]) -> dict[str, Any]:
+    """n choices' whole answer: one object, a choice per fork, the usage merged."""
+    bodies = [a.whole(f) for a, f in zip(adapters, finals)]
+    out = bodies[0]
+    out["choices"] = [b["choices"][0] for b in bodies]
+    out["usage"] = openai_api.usage(openai_api.merged(finals))
+    return out
+
+
+def choice_adapters(parsed: Parsed, model: str, piece, fingerprint: str) -> list[ChatAdapter]:
+    """An adapter per choice (parsed.n of them), writing one answer's id, each its index."""
+    out = [ChatAdapter(parsed, model, piece, fingerprint) for _ in range(parsed.n)]
+    for i, a in enumerate(out):
+        a.shaper.index, a.shaper.id, a.shaper.created = i, out[0].shaper.id, out[0].shaper.created
+    return out
 
 
 class ResponsesAdapter:

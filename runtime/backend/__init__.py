@@ -410,6 +410,11 @@ class Context:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
 
+    def seq_cp(self, src: int, dst: int) -> None:
+        """Give sequence `dst` every cell of `src` (across KV streams too: llama.cpp then
+        copies the stream's data at the next decode, which is why only whole sequences)."""
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
     def seq_pos_max(self, seq_id: int) -> int:
         """The highest position a sequence's cells hold (-1: none)."""
         return C.llama_memory_seq_pos_max(self.mem, seq_id)

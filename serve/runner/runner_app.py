@@ -34,9 +34,9 @@ from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
 from tallow.wire.fields import APIError, parse_json
-from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import forks, merged, parse_chat, parse_completion, to_request
 from tallow.wire.request import Limits
-from tallow.wire.streams import ChatAdapter, MessagesAdapter, OllamaAdapter, ResponsesAdapter
+from tallow.wire.streams import MessagesAdapter, OllamaAdapter, ResponsesAdapter, choice_adapters, choices_of
 
 INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
 
@@ -88,6 +88,8 @@ class RunnerApp:
         return parse_json(raw), len(raw)
 
     async def submit(self, parsed, size: int):
+        """Queue the request (n > 1: n forks of it, each with its own seed, the prompt
+        evaluated once); events arrive as (choice, event)."""
         if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
             req = to_request(self.engine, parsed)
         else:  # a long one can take a while: off the event loop
@@ -95,25 +97,34 @@ class RunnerApp:
         loop = asyncio.get_running_loop()
         pump = self.pumps.get(loop) or self.pumps.setdefault(loop, EventPump(loop))
         events: asyncio.Queue = asyncio.Queue()
+        handles: list = []
+        try:
+            for i, fork in enumerate(forks(req, getattr(parsed, "n", 1))):
+                def deliver(ev, i=i) -> None:
+                    pump.send(events, (i, ev))
 
-        def deliver(ev) -> None:
-            pump.send(events, ev)
+                handles.append(self.sched.submit(fork, on_event=deliver if self.fault is None else self.fault(deliver),
+                                                 fork_of=handles[0] if handles else None))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return req, handles, events
 
-        handle = self.sched.submit(req, on_event=deliver if self.fault is None else self.fault(deliver))
-        return req, handle, events
-
-    async def answer(self, request: HTTPRequest, parsed, size: int, adapter, done=None) -> Response:
-        """Queue the request, then stream the adapter's events or return its whole answer;
-        `done(adapter)` runs once the answer is complete (to store it)."""
-        req, handle, events = await self.submit(parsed, size)
+    async def answer(self, request: HTTPRequest, parsed, size: int, adapters, done=None) -> Response:
+        """Queue the request, then stream the adapters' events (one adapter per choice) or
+        return the whole answer; `done(adapter)` runs once the answer is complete (to store it)."""
+        adapters = adapters if isinstance(adapters, list) else [adapters]
+        req, handles, events = await self.submit(parsed, size)
         if parsed.stream:
-            return StreamingResponse(_sse(handle, events, adapter, len(req.prompt_tokens), done),
-                                     media_type=getattr(adapter, "media_type", "text/event-stream"),
+            return StreamingResponse(_sse(handles, events, adapters, len(req.prompt_tokens), done),
+                                     media_type=getattr(adapters[0], "media_type", "text/event-stream"),
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            return await _whole(request, handle, events, adapter, done)
+            return await _whole(request, handles, events, adapters, done)
         finally:
-            handle.cancel()  # no effect once finished; frees the slot if the client went away
+            for h in handles:
+                h.cancel()  # no effect once finished; frees the slot if the client went away
 
     @staticmethod
     async def parse(parse, *args):
@@ -124,14 +135,14 @@ class RunnerApp:
     async def chat_completions(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
         parsed = await self.parse(parse_chat, body, self.limits)
-        adapter = ChatAdapter(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
-        return await self.answer(request, parsed, size, adapter)
+        adapters = choice_adapters(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
+        return await self.answer(request, parsed, size, adapters)
 
     async def completions(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
         parsed = parse_completion(body, self.limits)
-        adapter = ChatAdapter(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
-        return await self.answer(request, parsed, size, adapter)
+        adapters = choice_adapters(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
+        return await self.answer(request, parsed, size, adapters)
 
     async def responses(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
@@ -197,29 +208,35 @@ class RunnerApp:
         return error_response(request.url.path, APIError(exc.message, 400, code=code))
 
 
-async def _whole(request: HTTPRequest, handle, events: asyncio.Queue, adapter, done) -> Response:
-    """A request's whole answer; the client is checked for a disconnect every half second."""
+async def _whole(request: HTTPRequest, handles: list, events: asyncio.Queue, adapters: list, done) -> Response:
+    """A request's whole answer (n choices: all of them); the client is checked for a
+    disconnect every half second."""
     checked = time.monotonic()
+    finals: dict[int, FinalEvent] = {}
     while True:
         try:
-            ev = await asyncio.wait_for(events.get(), 0.5)
+            i, ev = await asyncio.wait_for(events.get(), 0.5)
         except asyncio.TimeoutError:
-            ev = None
+            i, ev = 0, None
         if time.monotonic() - checked >= 0.5:  # tokens keep coming: look at the clock, not for a lull
             checked = time.monotonic()
             if await request.is_disconnected():
-                handle.cancel()
+                for h in handles:
+                    h.cancel()
                 return Response(status_code=499)
         if ev is None:
             continue
         if isinstance(ev, Failure):
             raise ev.error
         if isinstance(ev, TokenEvent):
-            adapter.note(ev)
+            adapters[i].note(ev)
         elif isinstance(ev, FinalEvent):
-            body = adapter.whole(ev)
+            finals[i] = ev
+            if len(finals) < len(adapters):
+                continue
+            body = adapters[0].whole(ev) if len(adapters) == 1 else choices_of(adapters, [finals[k] for k in sorted(finals)])
             if done is not None:
-                done(adapter)
+                done(adapters[0])
             return JSONResponse(body)
 
 
@@ -241,25 +258,39 @@ def _fault(after: int):
     return wrap
 
 
-async def _sse(handle, events: asyncio.Queue, adapter, prompt_tokens: int, done=None):
+async def _sse(handles: list, events: asyncio.Queue, adapters: list, prompt_tokens: int, done=None):
+    """The stream of a request's events; n choices interleave, each chunk with its index,
+    and the usage (merged) and the end come once every choice has finished."""
+    finals: dict[int, FinalEvent] = {}
     try:
-        for line in adapter.opening(prompt_tokens):
-            yield line
+        for adapter in adapters:
+            for line in adapter.opening(prompt_tokens):
+                yield line
         while True:
-            ev = await events.get()
+            i, ev = await events.get()
             if isinstance(ev, Failure):
-                for line in adapter.failed(ev.error.message):
+                for line in adapters[i].failed(ev.error.message):
                     yield line
                 return
             if isinstance(ev, TokenEvent):
-                for line in adapter.tokens(ev):
+                for line in adapters[i].tokens(ev):
                     yield line
             elif isinstance(ev, FinalEvent):
-                lines = adapter.closing(ev)
-                if done is not None:
-                    done(adapter)  # stored before the client hears it is complete
+                finals[i] = ev
+                if len(adapters) == 1:
+                    lines = adapters[0].closing(ev)
+                else:
+                    lines = adapters[i].finished(ev)
+                    if len(finals) == len(adapters):
+                        lines += adapters[0].ending(merged([finals[k] for k in sorted(finals)]))
+                if len(finals) == len(adapters):
+                    if done is not None:
+                        done(adapters[0])  # stored before the client hears it is complete
+                    for line in lines:
+                        yield line
+                    return
                 for line in lines:
                     yield line
-                return
     finally:
-        handle.cancel()  # a client that disconnects mid-stream frees its slot
+        for h in handles:
+            h.cancel()  # a client that disconnects mid-stream frees its slots
