@@ -19,7 +19,7 @@ from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.scheduler import Failure, Scheduler
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import APIError, parse_json
-from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import forks, merged, parse_chat, parse_completion, to_request
 from tallow.wire.request import Limits
 
 
@@ -31,7 +31,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
     `out` as each finishes."""
     engine = sched.engine
     results: queue.Queue = queue.Queue()
-    in_flight: dict[int, tuple[Any, Any, Any]] = {}  # line number -> (id, handle, tool choice)
+    in_flight: dict[int, tuple[Any, list, Any, dict]] = {}  # line number -> (id, handles, tool choice, finals)
     window = max(2, len(sched.slots) * 2)  # enough waiting to refill slots, without queueing the file
     seen: set[str] = set()  # ids met in this input so far
     records = Records(out, stats, on_progress)
@@ -44,17 +44,23 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             except queue.Empty:
                 return
             block = False
+            (job, index) = job
+            if job not in in_flight:  # a fork of a line that failed already
+                continue
             if isinstance(event, Failure):
-                rid, _, _ = in_flight.pop(job)
+                rid, handles, _, _ = in_flight.pop(job)
+                for h in handles:
+                    h.cancel()
                 error(job, rid, f"line {job}: {event.error.message}")
             elif isinstance(event, FinalEvent):
-                rid, _, choice = in_flight.pop(job)
-                record = {"id": rid, "text": event.text, **event.to_dict(), **tool_fields(choice, event)}
-                if entries is not None:
-                    record["logprobs"] = {"content": entries}
-                write(record)
+                rid, handles, choice, finals = in_flight[job]
+                finals[index] = (event, entries)
+                if len(finals) < len(handles):
+                    continue
+                del in_flight[job]
+                write(_record(rid, choice, [finals[i] for i in range(len(handles))]))
                 stats.done += 1
-                stats.completion_tokens += event.usage.completion_tokens
+                stats.completion_tokens += sum(f.usage.completion_tokens for f, _ in finals.values())
                 on_progress(stats)
 
     try:
@@ -87,20 +93,42 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
                 continue
             while len(in_flight) >= window:
                 collect(block=True)
+            handles: list = []
             try:
-                handle = sched.submit(request, on_event=_ends_to(results, lineno, engine.model.piece,
-                                                                 request.logprobs is not None))
+                for i, fork in enumerate(forks(request, parsed.n)):  # n choices: forks after one prefill
+                    handles.append(sched.submit(fork, on_event=_ends_to(results, (lineno, i), engine.model.piece,
+                                                                        request.logprobs is not None),
+                                                fork_of=handles[0] if handles else None))
             except TallowError as exc:
+                for h in handles:
+                    h.cancel()
                 error(lineno, rid, f"line {lineno}: {exc.message}")
                 continue
-            in_flight[lineno] = (rid, handle, parsed.tools)
+            in_flight[lineno] = (rid, handles, parsed.tools, {})
             collect(block=False)
         while in_flight:
             collect(block=True)
     finally:
-        for _, handle, _ in in_flight.values():  # interrupted: nothing half-done is written
-            handle.cancel()
+        for _, handles, _, _ in in_flight.values():  # interrupted: nothing half-done is written
+            for h in handles:
+                h.cancel()
     return stats
+
+
+def _record(rid: Any, choice, finals: list[tuple[FinalEvent, Any]]) -> dict[str, Any]:
+    """A line's record: its answer; with n > 1, a list of choices and the usage merged."""
+    def one(final: FinalEvent, entries) -> dict[str, Any]:
+        out = {"text": final.text, **final.to_dict(), **tool_fields(choice, final)}
+        if entries is not None:
+            out["logprobs"] = {"content": entries}
+        return out
+
+    if len(finals) == 1:
+        return {"id": rid, **one(*finals[0])}
+    choices = [{"index": i, **{k: v for k, v in one(f, e).items() if k not in ("usage", "timings")}}
+               for i, (f, e) in enumerate(finals)]
+    whole = merged([f for f, _ in finals])
+    return {"id": rid, "choices": choices, "usage": whole.to_dict()["usage"], "timings": whole.timings.summary()}
 
 
 def tool_fields(choice, final: FinalEvent) -> dict[str, Any]:
@@ -116,8 +144,8 @@ def tool_fields(choice, final: FinalEvent) -> dict[str, Any]:
     return out
 
 
-def _ends_to(results: queue.Queue, lineno: int, piece, logprobs: bool) -> Callable:
-    """An event callback that passes on how a request ended (a batch writes whole records, so
+def _ends_to(results: queue.Queue, lineno: tuple[int, int], piece, logprobs: bool) -> Callable:
+    """An event callback that passes on how a request (line, choice) ended (a batch writes whole records, so
     its per-token events would be queued just to be dropped), with the tokens'
     log-probabilities when the request asked for them (as the API gives them)."""
     entries: list[dict[str, Any]] = []

@@ -126,6 +126,8 @@ def parse_line(lineno: int, text: str, model: str, cap: int | None, affinity_cha
         raise APIError("the line needs 'messages' (a chat) or 'prompt' (a text completion)", param="messages")
     if body.get("stream"):
         raise APIError("'stream' has no meaning in a batch", param="stream")
+    if body.get("n") not in (None, 1):
+        raise APIError("'n' above 1 is answered by a local batch (without --endpoint), not through a fleet", param="n")
     body = {"model": model, **body}
     for name in ("max_tokens", "max_completion_tokens"):
         if cap is not None and isinstance(body.get(name), int) and body[name] > cap:

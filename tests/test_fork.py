@@ -126,3 +126,25 @@ def test_n_on_text_completions(server, synth_model):
     r = server.client().completions.create(model=synth_model.name, prompt=PROMPT, n=3, max_tokens=6, temperature=0.8,
                                            seed=3)
     assert [c.index for c in r.choices] == [0, 1, 2] and len({c.text for c in r.choices}) > 1
+
+
+def test_batch_lines_with_n(synth_model, tmp_path):
+    import json
+
+    from helpers.processes import run_tallow
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    line = {"messages": ASK, "max_tokens": 8, "temperature": 0.8, "seed": 5, "ignore_eos": True}
+    src.write_text(json.dumps({"id": "three", "n": 3, **line}) + "\n" + json.dumps({"id": "one", **line}) + "\n")
+    r = run_tallow(["batch", str(src), "-o", str(out), "--model", str(synth_model), "--parallel", "4",
+                    "--deterministic"], home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    records = {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}
+    three, one = records["three"], records["one"]
+    assert [c["index"] for c in three["choices"]] == [0, 1, 2] and len({c["text"] for c in three["choices"]}) == 3
+    assert three["choices"][0]["text"] == one["text"]  # choice 0 is the line's own answer
+    assert three["usage"]["completion_tokens"] == 24 and three["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    assert all(c["finish_reason"] == "length" for c in three["choices"])
+    refused = run_tallow(["batch", str(src), "-o", str(tmp_path / "fleet.jsonl"), "--endpoint", "http://127.0.0.1:9"],
+                         home=tmp_path)
+    assert "'n' above 1 is answered by a local batch" in (tmp_path / "fleet.jsonl").read_text() + refused.stderr.decode()
