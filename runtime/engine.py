@@ -30,7 +30,7 @@ from tallow.runtime.protocol import Events
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
 from tallow.runtime.text import opens_reasoning, reasoning_markers
-from tallow.runtime.threads import Governor, Registry, physical_cores
+from tallow.runtime.threads import Governor, Registry, physical_cores, thread_rule
 from tallow.runtime.types import LoadSettings, Request, Timings, TokenEvent
 
 _SEQ = 0
@@ -64,13 +64,20 @@ class Engine:
             n_ctx, layers, self.estimate, self.fit_note = plan.n_ctx, plan.gpu_layers, plan.estimate, plan.note
         else:
             n_ctx, layers = None, gpu_layer_count(settings.gpu_layers, offload)
-        pinned = settings.n_threads or (None if settings.adapt_threads else physical_cores())
-        self.governor = Governor(physical_cores(), pinned, Registry(settings.registry) if settings.registry else None,
-                                 related=settings.related_pids)
+        # made before the load, which is the first window it measures the machine's load over
+        self.governor = Governor(physical_cores(), settings.n_threads, Registry(settings.registry) if settings.registry
+                                 else None, related=settings.related_pids)
         self.gpu_layers = layers  # -1: all of them
-        self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers, placement=settings.placement)
+        try:
+            self.model = backend.Model(paths, layers, extra_buffers=self.extra_buffers, placement=settings.placement)
+        except BaseException:
+            self.governor.close()
+            raise
         # the layers that run on a GPU: none on a build that cannot offload, whatever was asked
         self.offloaded_layers = 0 if not offload else self.model.n_layer if layers < 0 else min(layers, self.model.n_layer)
+        pinned, self.thread_rule = thread_rule(settings.n_threads, settings.adapt_threads,
+                                               offload and self.offloaded_layers >= self.model.n_layer)
+        self.governor.pin(pinned)
         try:
             if n_ctx is None:
                 n_ctx = default_context(settings, self.model.n_ctx_train)
@@ -194,7 +201,7 @@ class Engine:
         """What this load decided, for --json: "auto" flash attention is the calibration's choice
         for the context's work on the CPU, and llama.cpp's own where layers run on a GPU."""
         return {"flash_attn": self.flash_attn, "gpu_layers": self.offloaded_layers, "extra_buffers": self.extra_buffers,
-                "n_ctx": self.n_ctx, "threads": self.n_threads}
+                "n_ctx": self.n_ctx, "threads": self.n_threads, "threads_rule": self.thread_rule}
 
     def logprob_entries(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
         """The tokens' log-probabilities as the API gives them (`logprobs.content`)."""

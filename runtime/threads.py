@@ -28,6 +28,18 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
+def thread_rule(given: int | None, adapt: bool, all_on_gpu: bool) -> tuple[int | None, str]:
+    """(the pinned thread count, or None to follow the free cores; the rule, in words). With
+    every layer on a GPU the CPU's threads only feed it, so llama.cpp's own default holds."""
+    if given:
+        return given, "pinned (--threads)"
+    if all_on_gpu:
+        return physical_cores(), "llama.cpp's default, the physical cores: every layer runs on a GPU"
+    if adapt:
+        return None, "the free physical cores, followed while decoding"
+    return physical_cores(), "the physical cores"
+
+
 def _busy(related: tuple[int, ...] = ()) -> tuple[float, float]:
     """(CPU seconds used by the whole machine, by this process and `related` ones) so far."""
     import psutil
@@ -100,6 +112,11 @@ class Governor:
         self._mark = (time.perf_counter(), *_busy(related))
         self._proposal: int | None = None
         self.changes = 0
+
+    def pin(self, threads: int | None) -> None:
+        """Decode with exactly `threads` from now on (None: keep following the free cores)."""
+        if threads:
+            self.pinned = self.threads = threads
 
     def _others(self) -> float | None:
         """Cores the rest of the machine kept busy since the last mark (None: too short to tell)."""

@@ -41,3 +41,18 @@ def test_without_a_gpu_nothing_is_suggested(tmp_path):
     if not Path("/proc/driver/nvidia/version").exists() and not Path("/dev/kfd").exists():
         assert data["gpu_unused"] is None
     assert data["backends"] and data["devices"]
+    # which rule decides, where the layers run
+    assert data["decisions"]["cpu"]["threads"] == "the free physical cores, followed while decoding"
+    if not any(d["kind"] in ("gpu", "igpu") for d in data["devices"]):
+        assert data["decisions"]["gpu"] is None
+        text = run_tallow(["doctor", "--no-live"], home=tmp_path / "home", env={"PATH": path}).stdout.decode()
+        assert "no GPU device here: every layer runs on the CPU" in text
+
+
+def test_the_thread_rule_follows_where_the_layers_run():
+    from tallow.runtime.threads import physical_cores, thread_rule
+
+    assert thread_rule(3, True, True) == (3, "pinned (--threads)")
+    assert thread_rule(None, True, True)[0] == physical_cores()  # llama.cpp's default, not adapted
+    assert thread_rule(None, True, False)[0] is None  # the CPU's layers: follow the free cores
+    assert thread_rule(None, False, False)[0] == physical_cores()

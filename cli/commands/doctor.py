@@ -112,6 +112,7 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
         "backends": lib["backends"],
         "devices": lib["devices"],
         "gpu_unused": gpu_unused(lib["devices"]) if lib["backends"] else None,
+        "decisions": _decisions(lib["devices"], prof),
         "memory": {"total": vm.total, "available": vm.available},
         "paths": {"home": str(home), "models": str(settings.models_dir()), "models_bytes": _dir_size(settings.models_dir()),
                   "prompt_cache": str(settings.prompt_cache_dir()), "prompt_cache_bytes": _dir_size(settings.prompt_cache_dir())},
@@ -123,6 +124,20 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
     data["checks"] = checks
     data["ok"] = all(c["ok"] for c in checks)
     return data
+
+
+def _decisions(devices: list[dict], prof) -> dict:
+    """Which rule decides threads, flash attention and repacking, where the layers run."""
+    from tallow.runtime.threads import thread_rule
+
+    repack = "as calibrated" if prof is None else ("on" if prof.repack else "off") + " (calibrated)"
+    cpu = {"threads": thread_rule(None, True, False)[1],
+           "flash_attn": "chosen for each context's work from the calibration", "repack": repack}
+    gpus = [d["name"] for d in devices if d["kind"] in ("gpu", "igpu")]
+    gpu = None if not gpus else {
+        "devices": gpus, "threads": thread_rule(None, True, True)[1] + " (partly offloaded: as on the CPU)",
+        "flash_attn": "llama.cpp's auto", "repack": "only for the weights left on the CPU"}
+    return {"cpu": cpu, "gpu": gpu}
 
 
 def _fa_summary(prof) -> dict | None:
@@ -164,6 +179,12 @@ def _render(d: dict) -> None:
     for dev in d["devices"]:
         rows.append(("device", f"{dev['name']} ({dev['kind']}, {dev['description']}): "
                      f"{human_bytes(dev['free'])} free of {human_bytes(dev['total'])}"))
+    dec = d["decisions"]
+    rows.append(("on the CPU", f"threads: {dec['cpu']['threads']}; flash attention: {dec['cpu']['flash_attn']}; "
+                               f"repacked weights: {dec['cpu']['repack']}"))
+    g = dec["gpu"]
+    rows.append(("on a GPU", f"threads: {g['threads']}; flash attention: {g['flash_attn']}; repacking: {g['repack']}"
+                 if g else "no GPU device here: every layer runs on the CPU"))
     rows += [
         ("memory", f"{human_bytes(d['memory']['available'])} available of {human_bytes(d['memory']['total'])}"),
         ("home", d["paths"]["home"]),

@@ -44,9 +44,12 @@ def _agree(cpu: dict, gpu: dict) -> None:
 def test_greedy_answers_agree_with_every_layer_count(default_home):
     cpu = _answer(default_home, "0")
     assert cpu["load"]["gpu_layers"] == 0 and cpu["load"]["flash_attn"] in ("on", "off")  # the CPU's calibration
+    assert "followed while decoding" in cpu["load"]["threads_rule"]
     for layers, on_gpu in (("all", 30), ("15", 15)):
         answer = _answer(default_home, layers)
         assert answer["load"]["gpu_layers"] == on_gpu and answer["load"]["flash_attn"] == "auto"  # llama.cpp's choice
+        # every layer on the GPU: llama.cpp's default threads; partly: the CPU's rule
+        assert ("every layer runs on a GPU" in answer["load"]["threads_rule"]) == (layers == "all"), answer["load"]
         _agree(cpu, answer)
 
 
@@ -80,6 +83,8 @@ def test_doctor_lists_the_gpu_device(default_home):
     data = json.loads(run_tallow(["doctor", "--json", "--no-live"], home=default_home).stdout)
     kinds = {d["kind"] for d in data["devices"]}
     assert kinds & {"gpu", "igpu"} or any(d["backend"] != "CPU" for d in data["devices"]), data["devices"]
+    gpu = data["decisions"]["gpu"]
+    assert gpu is not None and gpu["flash_attn"] == "llama.cpp's auto" and "every layer runs on a GPU" in gpu["threads"]
 
 
 def test_bench_rows_at_no_and_all_layers(default_home):
