@@ -32,6 +32,7 @@ FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are
 ROW_COST = 0.5  # one more verified row, in target decodes: 13 ms for 1 token, 58 ms for 8 (2 CPU cores, depth 1,200)
 PROBE_EVERY = 16  # steps without a draft before one token is drafted to measure acceptance again
 SMOOTHING = 0.3  # weight of the latest step in the acceptance estimate
+ALWAYS_RIGHT = 0.99  # the acceptance of a draft that is (nearly) always right: the best a draft can do
 
 
 def vocabulary_difference(target, draft) -> str | None:
@@ -72,9 +73,11 @@ def best_length(acceptance: float, draft_cost: float, limit: int, busy: int = 1)
 
 
 def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextParams, limits: DraftLimits,
-               gpu_layers: int, name: str | None = None) -> DraftContext:
+               gpu_layers: int, name: str | None = None, extra_buffers: bool = False) -> DraftContext:
     """The draft model, checked against the target (a runtime.backend.Model), and a context
-    for it shaped as the target's (the same context length, batch and sequences)."""
+    for it shaped as the target's (the same context length, batch and sequences). Its weights
+    are repacked (`extra_buffers`) only where the target's are: the machine's calibration
+    decides that once for both (llama.cpp's AMX repack crashes on some Xeons)."""
     from tallow.runtime import backend
 
     size = sum(f.stat().st_size for f in paths)
@@ -82,7 +85,7 @@ def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextPa
     if size > target_size:
         raise DraftError(f"the draft {paths[0].name} ({size / 1e6:.0f} MB) is larger than the model it drafts for "
                          f"({target_size / 1e6:.0f} MB): it would cost more than it saves", "give a smaller draft model")
-    model = backend.Model(paths, gpu_layers)
+    model = backend.Model(paths, gpu_layers, extra_buffers=extra_buffers)
     try:
         problem = vocabulary_difference(target, model)
         if problem is not None:
@@ -219,7 +222,9 @@ class ModelDrafter:
         k = max(best_length(self.acceptance, self.owner.cost, top, busy), min(limits.min, top))
         if k == 0:
             self.idle += 1
-            if self.idle < PROBE_EVERY or top < 1:
+            # A probe makes the draft catch up on the text since its last draft; for a draft
+            # that would not pay even if always right, that is cost with nothing to find out.
+            if self.idle < PROBE_EVERY or top < 1 or best_length(ALWAYS_RIGHT, self.owner.cost, top, busy) == 0:
                 return 0
             k = 1
         self.idle = 0

@@ -127,7 +127,8 @@ class Engine:
 
         p = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=n_threads,
                           flash_attn=settings.flash_attn, n_seq_max=settings.n_seq_max, kv_unified=settings.kv_unified)
-        return load_draft(list(settings.draft), self.model, paths, p, settings.draft_limits, layers, settings.draft_name)
+        return load_draft(list(settings.draft), self.model, paths, p, settings.draft_limits, layers, settings.draft_name,
+                          self.extra_buffers)
 
     def _projector(self, path: Path | None, n_threads: int, flash: bool):
         if path is None:

@@ -109,6 +109,22 @@ def test_drafting_stops_when_enough_sequences_share_the_step():
     assert best_length(0.99, 0.05, 16, busy=8) > 0  # an almost always right draft still pays
 
 
+def test_a_draft_that_cannot_pay_is_never_probed():
+    from types import SimpleNamespace
+
+    from tallow.runtime.draft_model import PROBE_EVERY, ModelDrafter
+    from tallow.runtime.types import DraftLimits
+
+    def lengths(cost: float) -> list[int]:
+        owner = SimpleNamespace(limits=DraftLimits(), cost=cost, sequence=lambda seq: None)
+        drafter = ModelDrafter(owner, 0, [])
+        drafter.acceptance = 0.2  # it has been wrong: no length pays now
+        return [drafter.length(64) for _ in range(3 * PROBE_EVERY)]
+
+    assert lengths(0.1).count(1) == 3  # a cheap draft probes one token every PROBE_EVERY steps
+    assert set(lengths(0.7)) == {0}  # one of 0.7 the target's size would not pay even if always right
+
+
 def test_draft_auto_picks_a_small_stored_model_of_the_same_vocabulary(pair, tmp_path, monkeypatch):
     from tallow.models import draft_pick
     from tallow.models.resolve import locate
@@ -216,3 +232,58 @@ def test_draft_limits_without_a_draft_model_are_refused(pair, tmp_path):
     target, _, _ = pair
     r = run_tallow(["run", str(target), "hi", "--draft-max", "4"], home=tmp_path)
     assert r.returncode == 2 and "give --draft MODEL" in r.stderr.decode()
+
+
+@pytest.fixture(scope="module")
+def q8_home(tmp_path_factory, default_model) -> Path:
+    """The default model (Q4_1) stored as smol:q41, and a Q8_0 copy of it (smol:q8) for it to draft for."""
+    home = tmp_path_factory.mktemp("q8-home")
+    for args in (["import", str(default_model), "--name", "smol:q41"],
+                 ["quantize", "smol:q41", "--type", "Q8_0", "--allow-requantize", "--name", "smol:q8"]):
+        done = run_tallow(args, home=home)
+        assert done.returncode == 0, done.stderr.decode()
+    return home
+
+
+COUNT = "Count from 1 to 30, separated by commas."
+
+
+def test_the_default_model_drafts_for_a_larger_copy_of_itself(q8_home):
+    from helpers.agree import agree_or_tie
+
+    args = ["run", "smol:q8", COUNT, "-n", "32", "--temperature", "0", "--json", "--logprobs", "2", "--flash-attn", "on",
+            "--no-cache"]
+    plain = _json(run_tallow(args, home=q8_home))
+    drafted = _json(run_tallow([*args, "--draft", "smol:q41", "--draft-min", "2"], home=q8_home))
+    agree_or_tie(plain, drafted)
+    u = drafted["usage"]
+    assert u["draft"] == "smol:q41" and u["draft_tokens"] >= 16 and u["accepted_tokens"] > u["draft_tokens"] / 2, u
+
+
+def test_eight_streams_draft_and_answer_as_without(q8_home, tmp_path):
+    from helpers.agree import agree_or_tie
+
+    src = tmp_path / "in.jsonl"
+    topics = ["1 to 30", "10 to 40", "the letters A to P", "5 to 50 in fives", "2 to 40 in twos", "20 down to 1",
+              "the days of the week", "the months of the year"]
+    src.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": f"List {t}, separated by commas."}],
+                                       "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2}) + "\n"
+                           for i, t in enumerate(topics)))
+
+    def batch(name: str, *args: str) -> dict:
+        out = tmp_path / name
+        r = run_tallow(["batch", str(src), "-o", str(out), "--model", "smol:q8", "--parallel", "8", "--flash-attn", "on",
+                        "--no-cache", *args], home=q8_home, timeout=600)
+        assert r.returncode == 0, r.stderr.decode()
+        return {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}
+
+    plain = batch("plain.jsonl")
+    drafted = batch("drafted.jsonl", "--draft", "smol:q41", "--draft-min", "2")
+    for i in range(len(topics)):
+        agree_or_tie(plain[i], drafted[i])
+    assert sum(r["usage"]["accepted_tokens"] for r in drafted.values()) > 0
+
+
+def _json(done) -> dict:
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)

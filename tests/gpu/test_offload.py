@@ -5,13 +5,14 @@ where the installed llama.cpp cannot offload (the CPU build the main suite uses)
 Offloaded layers run another backend's kernels, which round differently from the CPU's: a
 greedy answer may part from the CPU's where two tokens are nearly tied. So answers must be
 equal, or part only at a token whose two best log-probabilities are within TIE of each
-other on the CPU side (a near-tie that any rounding could flip)."""
+other on the CPU side (a near-tie that any rounding could flip: tests/helpers/agree.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from helpers.agree import agree_or_tie
 from helpers.processes import run_tallow
 from helpers.server import Server
 
@@ -21,7 +22,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not supports_gpu_offload(), reason="this llama.cpp build cannot offload to a GPU "
                                                                     "(run tests/gpu/vulkan-lane.sh)")]
 PROMPT = "List three facts about the Moon."
-TIE = 0.5  # nats between the CPU's two best tokens where the backends may choose apart
 
 
 def _answer(home, layers: str) -> dict:
@@ -29,16 +29,6 @@ def _answer(home, layers: str) -> dict:
                     "--json", "--logprobs", "2", "--no-cache"], home=home, timeout=600)
     assert r.returncode == 0, r.stderr.decode()
     return json.loads(r.stdout)
-
-
-def _agree(cpu: dict, gpu: dict) -> None:
-    a, b = cpu["logprobs"]["content"], gpu["logprobs"]["content"]
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x["token"] != y["token"]:
-            best = sorted((t["logprob"] for t in x["top_logprobs"]), reverse=True)
-            assert len(best) > 1 and best[0] - best[1] < TIE, f"token {i}: {x['token']!r} vs {y['token']!r}, no tie"
-            return
-    assert cpu["text"] == gpu["text"]
 
 
 def test_greedy_answers_agree_with_every_layer_count(default_home):
@@ -50,7 +40,7 @@ def test_greedy_answers_agree_with_every_layer_count(default_home):
         assert answer["load"]["gpu_layers"] == on_gpu and answer["load"]["flash_attn"] == "auto"  # llama.cpp's choice
         # every layer on the GPU: llama.cpp's default threads; partly: the CPU's rule
         assert ("every layer runs on a GPU" in answer["load"]["threads_rule"]) == (layers == "all"), answer["load"]
-        _agree(cpu, answer)
+        agree_or_tie(cpu, answer)
 
 
 def test_the_planners_device_figure_is_what_llama_cpp_allocates(default_model):
