@@ -310,7 +310,9 @@ class Scheduler:
         """This step's drafts, by job (runtime/draft_model.propose_all)."""
         jobs = [job for job in decoding if job.drafter is not None]
         rooms = [(job.drafter, min(job.limit - len(job.held.kv) - 1, spare)) for job in jobs]
-        return {id(job): d for job, d in zip(jobs, propose_all(rooms, self.engine.drafts, len(decoding)))}
+        # deterministic mode: a sequence's drafts (hence its rows) never depend on how many others decode
+        busy = 1 if self.settings.deterministic else len(decoding)
+        return {id(job): d for job, d in zip(jobs, propose_all(rooms, self.engine.drafts, busy))}
 
     def _calls(self) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
         """This step's llama_decode calls: (entries, [(row, job) to sample])."""
