@@ -31,6 +31,8 @@ VOCAB_SIZE_TOLERANCE = 128  # vocabularies this far apart still draft (llama.cpp
 FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are control tokens that models name apart
 ROW_COST = 0.5  # one more verified row, in target decodes: 13 ms for 1 token, 58 ms for 8 (2 CPU cores, depth 1,200)
 PROBE_EVERY = 16  # steps without a draft before one token is drafted to measure acceptance again
+PROBE_MOST = 256  # ... doubling after each probe that finds nothing, up to this
+PROBE_WINDOW = 8  # a probe evaluates at most this much of the latest text, not all the draft missed
 SMOOTHING = 0.3  # weight of the latest step in the acceptance estimate
 ALWAYS_RIGHT = 0.99  # the acceptance of a draft that is (nearly) always right: the best a draft can do
 
@@ -152,10 +154,11 @@ class DraftContext:
         body: list[tuple[int, int, int, bool]] = []
         last: list[tuple[int, int, int, bool]] = []
         for d in drafters:
-            keep = min(common_prefix(d.seq.kv, d.history), len(d.history) - 1)  # the last token's logits are needed
+            held = d.unseen()
+            keep = min(common_prefix(d.seq.kv, held), len(held) - 1)  # the last token's logits are needed
             d.seq.keep(keep)
-            for i, t in enumerate(d.history[keep:]):
-                (last if keep + i == len(d.history) - 1 else body).append((t, d.seq.next_pos, d.seq.seq, False))
+            for i, t in enumerate(held[keep:]):
+                (last if keep + i == len(held) - 1 else body).append((t, d.seq.next_pos, d.seq.seq, False))
                 d.seq.kv.append(t)
         if len(body) + len(last) <= self.ctx.n_batch:
             body, last = [], body + last
@@ -201,15 +204,18 @@ def _top(logits) -> tuple[int, float]:
 
 
 class ModelDrafter:
-    """One sequence's drafts from the draft model, with the interface of LookupDrafter."""
+    """One sequence's drafts from the draft model, with the interface of LookupDrafter. Its
+    draft cells hold history[start:]: from the start, or, after a probe, a short window."""
 
     def __init__(self, owner: DraftContext, seq_id: int, prompt: list[int]) -> None:
         self.owner = owner
         self.seq = owner.sequence(seq_id)
         self.history = list(prompt)
+        self.start = 0  # the history index the draft's cell 0 holds
         self.acceptance = 0.7
         self.idle = 0  # steps since the last draft
-        self.lengths: list[int] = []  # the draft lengths chosen, for the metrics
+        self.probe_every = PROBE_EVERY  # doubles after each probe that finds nothing
+        self.window = False  # the next catch-up evaluates only the last PROBE_WINDOW tokens
 
     def extend(self, tokens) -> None:
         self.history.extend(tokens)
@@ -222,13 +228,24 @@ class ModelDrafter:
         k = max(best_length(self.acceptance, self.owner.cost, top, busy), min(limits.min, top))
         if k == 0:
             self.idle += 1
-            # A probe makes the draft catch up on the text since its last draft; for a draft
-            # that would not pay even if always right, that is cost with nothing to find out.
-            if self.idle < PROBE_EVERY or top < 1 or best_length(ALWAYS_RIGHT, self.owner.cost, top, busy) == 0:
+            # For a draft that would not pay even if always right, a probe is cost with
+            # nothing to find out.
+            if self.idle < self.probe_every or top < 1 or best_length(ALWAYS_RIGHT, self.owner.cost, top, busy) == 0:
                 return 0
-            k = 1
+            # A probe: one token, from a short window of the latest text rather than all that
+            # the draft missed, and rarer each time it finds nothing.
+            k, self.probe_every = 1, min(2 * self.probe_every, PROBE_MOST)
+            self.window = len(self.history) - self.start - len(self.seq.kv) > PROBE_WINDOW
         self.idle = 0
         return k
+
+    def unseen(self) -> list[int]:
+        """The history the draft's cells should hold (a window, when a probe asked for one)."""
+        if self.window:
+            self.window = False
+            self.seq.clear()
+            self.start = max(0, len(self.history) - PROBE_WINDOW)
+        return self.history[self.start:]
 
     def propose(self, room: int) -> list[int]:
         k = self.length(room)
@@ -236,6 +253,7 @@ class ModelDrafter:
 
     def outcome(self, accepted: int, proposed: int) -> None:
         if proposed:
-            self.lengths.append(proposed)
             step = accepted / proposed
             self.acceptance += SMOOTHING * (step - self.acceptance)
+            if accepted:
+                self.probe_every = PROBE_EVERY

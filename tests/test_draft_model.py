@@ -115,14 +115,20 @@ def test_a_draft_that_cannot_pay_is_never_probed():
     from tallow.runtime.draft_model import PROBE_EVERY, ModelDrafter
     from tallow.runtime.types import DraftLimits
 
-    def lengths(cost: float) -> list[int]:
-        owner = SimpleNamespace(limits=DraftLimits(), cost=cost, sequence=lambda seq: None)
-        drafter = ModelDrafter(owner, 0, [])
-        drafter.acceptance = 0.2  # it has been wrong: no length pays now
-        return [drafter.length(64) for _ in range(3 * PROBE_EVERY)]
+    owner = SimpleNamespace(limits=DraftLimits(), cost=0.1, sequence=lambda seq: SimpleNamespace(kv=[]))
 
-    assert lengths(0.1).count(1) == 3  # a cheap draft probes one token every PROBE_EVERY steps
-    assert set(lengths(0.7)) == {0}  # one of 0.7 the target's size would not pay even if always right
+    def probes(drafter, steps: int) -> list[int]:
+        return [i for i in range(1, steps + 1) if drafter.length(64) == 1]
+
+    drafter = ModelDrafter(owner, 0, [])
+    drafter.acceptance = 0.2  # it has been wrong: no length pays now
+    # a cheap draft probes one token now and then, rarer each time a probe finds nothing
+    assert probes(drafter, 7 * PROBE_EVERY) == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]
+    drafter.outcome(1, 1)  # a probe that was right: probing is frequent again
+    drafter.acceptance = 0.2
+    assert probes(drafter, PROBE_EVERY) == [PROBE_EVERY]
+    owner.cost = 0.7  # a draft of 0.7 the target's size would not pay even if always right
+    assert probes(ModelDrafter(owner, 0, []), 8 * PROBE_EVERY) == []
 
 
 def test_draft_auto_picks_a_small_stored_model_of_the_same_vocabulary(pair, tmp_path, monkeypatch):
