@@ -16,6 +16,7 @@ from typing import Sequence as Seq
 from tallow.models.bert_import import POOLING
 from tallow.runtime.errors import ContextOverflow, DraftError
 from tallow.runtime.loadplan import (
+    check_draft_fit,
     choose_flash_attn,
     context_notes,
     default_context,
@@ -61,6 +62,8 @@ class Engine:
             plan = plan_memory(paths, settings, offload, vram, shape)
             if plan.problem is not None:
                 raise plan.problem
+            if settings.draft:
+                check_draft_fit(list(settings.draft), settings, plan, offload, vram)
             n_ctx, layers, self.estimate, self.fit_note = plan.n_ctx, plan.gpu_layers, plan.estimate, plan.note
         else:
             n_ctx, layers = None, gpu_layer_count(settings.gpu_layers, offload)

@@ -122,6 +122,23 @@ def plan_memory(paths: list[Path], settings: LoadSettings, offload_supported: bo
     return MemoryPlan(n_ctx, layers, est, ram, note, problem, settings.flash_attn, extra_buffers(settings))
 
 
+def check_draft_fit(paths: list[Path], settings: LoadSettings, plan: MemoryPlan, offload_supported: bool,
+                    vram: int | None) -> None:
+    """Raise DraftError when a draft model cannot load next to the target `plan` is for: the
+    draft gets a context as long as the target's, in the memory the target leaves."""
+    from dataclasses import replace
+
+    from tallow.runtime.errors import DraftError
+
+    left = replace(settings, n_ctx=plan.n_ctx, memory=plan.ram - plan.estimate.ram, mmproj=None, draft=())
+    room = None if vram is None else max(0, vram - plan.estimate.vram)
+    problem = plan_memory(paths, left, offload_supported, room).problem
+    if problem is not None:
+        name = settings.draft_name or paths[0].name
+        raise DraftError(f"the draft {name} does not fit next to the model: {problem.message}",
+                         "give a smaller draft model, or a shorter --ctx")
+
+
 def projector_bytes(path: Path | None) -> int:
     """What a projector adds to a load: its weights and its encoder's compute buffer."""
     if path is None:

@@ -293,3 +293,22 @@ def test_eight_streams_draft_and_answer_as_without(q8_home, tmp_path):
 def _json(done) -> dict:
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)
+
+
+def test_a_draft_that_does_not_fit_next_to_the_target_is_refused_before_loading(q8_home):
+    from tallow.models.resolve import locate
+    from tallow.models.store import Store
+    from tallow.runtime.backend import supports_gpu_offload
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.errors import DraftError
+    from tallow.runtime.loadplan import plan_memory
+    from tallow.runtime.types import LoadSettings
+
+    store = Store(q8_home / "models")
+    target, draft = locate("smol:q8", store).paths, locate("smol:q41", store).paths
+    alone = plan_memory(target, LoadSettings(n_ctx=2048, n_threads=2), supports_gpu_offload(), None).estimate.ram
+    room = alone + 40 * 10**6  # the target fits, a 98 MB draft next to it does not
+    with pytest.raises(DraftError, match=r"the draft smol:q41 does not fit next to the model: .*needs"):
+        Engine(target, LoadSettings(n_ctx=2048, n_threads=2, memory=room, draft=tuple(draft), draft_name="smol:q41"))
+    with Engine(target, LoadSettings(n_ctx=2048, n_threads=2, memory=room + 400 * 10**6, draft=tuple(draft))) as engine:
+        assert engine.drafts is not None  # with room for both, both load
