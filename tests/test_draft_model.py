@@ -312,3 +312,13 @@ def test_a_draft_that_does_not_fit_next_to_the_target_is_refused_before_loading(
         Engine(target, LoadSettings(n_ctx=2048, n_threads=2, memory=room, draft=tuple(draft), draft_name="smol:q41"))
     with Engine(target, LoadSettings(n_ctx=2048, n_threads=2, memory=room + 400 * 10**6, draft=tuple(draft))) as engine:
         assert engine.drafts is not None  # with room for both, both load
+
+
+def test_a_draft_on_an_embedding_model_is_refused(minilm_model, pair):
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.errors import DraftError
+    from tallow.runtime.types import LoadSettings
+
+    _, draft, _ = pair
+    with pytest.raises(DraftError, match="an embedding model writes none"):
+        Engine(minilm_model, LoadSettings(n_threads=2, embeddings=True, pooling="mean", draft=(draft,)))
