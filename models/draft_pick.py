@@ -14,7 +14,7 @@ from tallow.models.resolve import LocalModel, stored_model
 from tallow.models.store import Store
 
 SMALL_FRACTION = 0.25  # the largest draft, as a fraction of the target's bytes
-VOCAB_SIZE_TOLERANCE = 128  # as runtime/draft_model.py allows
+VOCAB_SIZE_TOLERANCE = 128  # vocabularies this far apart still draft (llama.cpp's speculative examples allow as much)
 
 
 def _signature(path: Path) -> tuple | None:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tallow.models.draft_pick import VOCAB_SIZE_TOLERANCE
 from tallow.runtime.errors import DraftError
 from tallow.runtime.sequence import Sequence, common_prefix
 from tallow.runtime.types import ContextParams, DraftLimits
 
-VOCAB_SIZE_TOLERANCE = 128  # vocabularies this far apart still draft (llama.cpp's speculative examples allow as much)
 FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are control tokens that models name apart
 ROW_COST = 0.5  # one more verified row, in target decodes: 13 ms for 1 token, 58 ms for 8 (2 CPU cores, depth 1,200)
 PROBE_EVERY = 16  # steps without a draft before one token is drafted to measure acceptance again

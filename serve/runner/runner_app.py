@@ -99,7 +99,7 @@ class RunnerApp:
         events: asyncio.Queue = asyncio.Queue()
         handles: list = []
         try:
-            for i, fork in enumerate(forks(req, getattr(parsed, "n", 1))):
+            for i, fork in enumerate(forks(req, parsed.n)):
                 def deliver(ev, i=i) -> None:
                     pump.send(events, (i, ev))
 
