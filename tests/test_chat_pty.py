@@ -20,7 +20,12 @@ def test_chat_turns_commands_ctrl_c_and_on(default_home):
     first = term.read_until(r"TTFT.*\n(.|\n)*>>> ")
     assert "prompt" in first and "(0 cached)" in first
 
-    term.send("half a line\x03")  # Ctrl-C at the prompt clears the line
+    # Ctrl-C at the prompt clears the line. Typed as a person types: the keys, then (once they
+    # show) Ctrl-C. Sent in one write, ^C could flush the keys readline had been told were
+    # there, leaving it blocked in read() with the interrupt unseen until the next key.
+    term.send("half a line")
+    term.read_until(r"half a line")
+    term.send("\x03")
     term.read_until(r">>> ")
     term.send("/stats\r")
     assert "turns 1" in term.read_until(r"turns \d+.*\n")
