@@ -10,16 +10,19 @@ killed loses only the requests in flight, and running again skips ids already wr
 from __future__ import annotations
 
 import queue
+from functools import partial
 from typing import Any, Callable, Iterable, TextIO
 
 from tallow.common.errors import TallowError
 from tallow.jobs.records import BatchStats, Previous, Records, id_and_body, record_key
 from tallow.runtime.answer import Answer
+from tallow.runtime.forks import merged, submit_forks
+from tallow.runtime.handle import Failure
 from tallow.runtime.logprobs import token_logprob
-from tallow.runtime.scheduler import Failure, Scheduler
+from tallow.runtime.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import APIError, parse_json
-from tallow.wire.openai_api import forks, merged, parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import parse_chat, parse_completion, to_request
 from tallow.wire.request import Limits
 
 
@@ -58,7 +61,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
                 if len(finals) < len(handles):
                     continue
                 del in_flight[job]
-                write(_record(rid, choice, [finals[i] for i in range(len(handles))]))
+                write(record(rid, choice, [finals[i] for i in range(len(handles))]))
                 stats.done += 1
                 stats.completion_tokens += sum(f.usage.completion_tokens for f, _ in finals.values())
                 on_progress(stats)
@@ -93,15 +96,10 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
                 continue
             while len(in_flight) >= window:
                 collect(block=True)
-            handles: list = []
-            try:
-                for i, fork in enumerate(forks(request, parsed.n)):  # n choices: forks after one prefill
-                    handles.append(sched.submit(fork, on_event=_ends_to(results, (lineno, i), engine.model.piece,
-                                                                        request.logprobs is not None),
-                                                fork_of=handles[0] if handles else None))
+            try:  # n choices: forks after one prefill
+                handles = submit_forks(sched, request, parsed.n, partial(_ends_to, results, lineno, engine.model.piece,
+                                                                        request.logprobs is not None))
             except TallowError as exc:
-                for h in handles:
-                    h.cancel()
                 error(lineno, rid, f"line {lineno}: {exc.message}")
                 continue
             in_flight[lineno] = (rid, handles, parsed.tools, {})
@@ -115,7 +113,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
     return stats
 
 
-def _record(rid: Any, choice, finals: list[tuple[FinalEvent, Any]]) -> dict[str, Any]:
+def record(rid: Any, choice, finals: list[tuple[FinalEvent, Any]]) -> dict[str, Any]:
     """A line's record: its answer; with n > 1, a list of choices and the usage merged."""
     def one(final: FinalEvent, entries) -> dict[str, Any]:
         out = {"text": final.text, **final.to_dict(), **tool_fields(choice, final)}
@@ -144,15 +142,15 @@ def tool_fields(choice, final: FinalEvent) -> dict[str, Any]:
     return out
 
 
-def _ends_to(results: queue.Queue, lineno: tuple[int, int], piece, logprobs: bool) -> Callable:
-    """An event callback that passes on how a request (line, choice) ended (a batch writes whole records, so
-    its per-token events would be queued just to be dropped), with the tokens'
-    log-probabilities when the request asked for them (as the API gives them)."""
+def _ends_to(results: queue.Queue, lineno: int, piece, logprobs: bool, index: int) -> Callable:
+    """An event callback that passes on how choice `index` of line `lineno` ended (a batch
+    writes whole records, so its per-token events would be queued just to be dropped), with
+    the tokens' log-probabilities when the request asked for them (as the API gives them)."""
     entries: list[dict[str, Any]] = []
 
     def on_event(event) -> None:
         if isinstance(event, (FinalEvent, Failure)):
-            results.put((lineno, event, entries if logprobs else None))
+            results.put(((lineno, index), event, entries if logprobs else None))
         elif logprobs and event.logprob is not None:
             entries.append(token_logprob(event, piece))
 

@@ -18,29 +18,25 @@ works around, and the README for what that costs.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from dataclasses import replace
+from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
+from tallow.runtime.handle import Event, Failure, Handle, QueueFull
 from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
 from tallow.runtime.sched_stats import Stats
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
-from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings, TokenEvent
+from tallow.runtime.types import LoadSettings, Request, SchedulerSettings
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
 # rows), past which a tiled kernel with its own summation order takes over.
 DET_CHUNK = 63
-
-
-class QueueFull(TallowError):
-    """Too many requests are waiting already."""
 
 
 def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:
@@ -52,47 +48,6 @@ def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSetti
     if sched.deterministic:  # and a fixed thread count: nothing about the kernels changes mid-run
         return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on", adapt_threads=False)
     return replace(load, n_seq_max=sched.parallel, kv_unified=sched.kv_unified)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The request could not be completed (llama.cpp failed, or the server is closing)."""
-
-    error: TallowError
-
-
-Event = TokenEvent | FinalEvent | Failure
-
-
-class Handle:
-    """One submitted request: its events, and a way to cancel it."""
-
-    def __init__(self, on_event: Callable[[Event], None] | None) -> None:
-        self._queue: queue.Queue = queue.Queue()  # the events, when there is no callback
-        self._on_event = on_event if on_event is not None else self._queue.put
-        self.cancelled = False
-        self._wake: Callable[[], None] = lambda: None
-        self.job: Any = None  # the scheduler's record of it
-
-    def cancel(self) -> None:
-        """Stop the request at the next step (finish_reason 'cancelled'); its slot is freed."""
-        self.cancelled = True
-        self._wake()
-
-    def events(self) -> Iterator[TokenEvent | FinalEvent]:
-        """The events of a handle made without a callback, ending with the FinalEvent."""
-        while True:
-            event = self._queue.get()
-            if isinstance(event, Failure):
-                raise event.error
-            yield event
-            if isinstance(event, FinalEvent):
-                return
-
-    def result(self) -> FinalEvent:
-        *_, final = self.events()  # the last event is always the FinalEvent
-        assert isinstance(final, FinalEvent)
-        return final
 
 
 class _Job:
@@ -183,7 +138,7 @@ class Scheduler:
         handle = Handle(on_event)
         job = _Job(request, self.engine.model, handle, limit, deadline)
         job.leader = fork_of.job if fork_of is not None else None
-        handle._wake, handle.job = self._wake, job
+        handle.wake, handle.job = self._wake, job
         with self._cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
@@ -210,14 +165,16 @@ class Scheduler:
     def kv_used(self) -> int:
         return sum(len(s.kv) for s in self.slots)
 
-    def close(self) -> None:
-        """Stop the engine thread; requests still in flight or waiting fail."""
+    def close(self, keep_engine: bool = False) -> None:
+        """Stop the engine thread (requests in flight or waiting fail), then close the engine
+        unless its owner closes it (run --n borrows run's)."""
         with self._cond:
             self._closing = True
             self._cond.notify()
         self._thread.join()
         self.media.close()
-        self.engine.close()
+        if not keep_engine:
+            self.engine.close()
 
     # -- the engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -488,6 +445,6 @@ class Scheduler:
 
     def _emit(self, job: _Job, event: Event) -> None:
         try:
-            job.handle._on_event(event)
+            job.handle.deliver(event)
         except Exception:  # a consumer that went away must not stop the engine
             job.handle.cancelled = True

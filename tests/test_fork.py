@@ -148,3 +148,34 @@ def test_batch_lines_with_n(synth_model, tmp_path):
     refused = run_tallow(["batch", str(src), "-o", str(tmp_path / "fleet.jsonl"), "--endpoint", "http://127.0.0.1:9"],
                          home=tmp_path)
     assert "'n' above 1 is answered by a local batch" in (tmp_path / "fleet.jsonl").read_text() + refused.stderr.decode()
+
+
+def test_run_with_n(synth_model, tmp_path):
+    import json
+
+    from helpers.processes import run_tallow
+
+    ask = ["run", str(synth_model), PROMPT, "--seed", "11", "--temperature", "0.8", "--max-tokens", "8",
+           "--threads", "2"]
+    runs = [run_tallow([*ask, "--n", "3", "--json"], home=tmp_path) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr.decode()
+    first, again = (json.loads(r.stdout) for r in runs)
+    texts = [c["text"] for c in first["choices"]]
+    assert [c["index"] for c in first["choices"]] == [0, 1, 2] and len(set(texts)) == 3
+    assert [c["text"] for c in again["choices"]] == texts  # a seed reproduces all three
+    one = json.loads(run_tallow([*ask, "--json"], home=tmp_path).stdout)
+    assert first["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]  # the prompt counted once
+    assert first["usage"]["completion_tokens"] == 24 and "text" not in first
+
+    shown = run_tallow([*ask, "--n", "3"], home=tmp_path)
+    assert shown.returncode == 0, shown.stderr.decode()
+    parts = shown.stdout.decode().split("--- answer ")
+    assert [p.split(" ---\n", 1)[0] for p in parts[1:]] == ["1 of 3", "2 of 3", "3 of 3"]
+    assert [p.split(" ---\n", 1)[1].strip("\n") for p in parts[1:]] == [t.strip("\n") for t in texts]
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "f", "parameters": {"type": "object"}}]))
+    for extra, named in ((["--endpoint", "http://127.0.0.1:9"], "--n"), (["--tools", str(tools)], "--n"),
+                         (["--flash-attn", "off"], "--flash-attn off")):
+        refused = run_tallow([*ask[:-2], "--n", "2", *extra], home=tmp_path)  # without --threads (local only)
+        assert refused.returncode != 0 and named in refused.stderr.decode(), refused.stderr.decode()

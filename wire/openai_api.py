@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import replace
 from typing import Any
 
 from tallow.runtime.answer import Outcome
@@ -237,27 +236,6 @@ def _draft_method(engine, draft: str | None) -> str | None:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def forks(request: Request, n: int) -> list[Request]:
-    """n requests for n choices: the first as asked, each other with the next seed (or a
-    fresh random one when the request gives none)."""
-    seed = request.sampling.seed
-    return [request] + [replace(request, sampling=replace(request.sampling, seed=None if seed is None else
-                                                          (seed + i) & 0xFFFFFFFF)) for i in range(1, n)]
-
-
-def merged(finals: list[FinalEvent]) -> FinalEvent:
-    """n choices' usage as one answer's: the prompt once (the first fork's, which evaluated
-    it), every choice's completion and drafts, the first's timings."""
-    first, u = finals[0], replace(finals[0].usage)
-    for f in finals[1:]:
-        u.completion_tokens += f.usage.completion_tokens
-        u.reasoning_tokens += f.usage.reasoning_tokens
-        u.draft_tokens += f.usage.draft_tokens
-        u.accepted_tokens += f.usage.accepted_tokens
-        u.draft_steps += f.usage.draft_steps
-    return replace(first, usage=u)
 
 
 def usage(final: FinalEvent) -> dict[str, Any]:

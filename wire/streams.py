@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from tallow.runtime.answer import Answer, Outcome
+from tallow.runtime.forks import merged
 from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.wire import anthropic_api, ollama_api, openai_api, responses_api
@@ -71,7 +72,7 @@ def choices_of(adapters: list[ChatAdapter], finals: list[FinalEvent]) -> dict[st
     bodies = [a.whole(f) for a, f in zip(adapters, finals)]
     out = bodies[0]
     out["choices"] = [b["choices"][0] for b in bodies]
-    out["usage"] = openai_api.usage(openai_api.merged(finals))
+    out["usage"] = openai_api.usage(merged(finals))
     return out
 
 

@@ -70,6 +70,7 @@ def run(
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
     draft: o.Draft = None,
+    n: int = typer.Option(1, "--n", min=1, max=16, help="Give N answers, each sampled with its own seed (--seed, then the next ones), from one evaluation of the prompt."),
     draft_max: o.DraftMax = 16,
     draft_min: o.DraftMin = 0,
     draft_p_min: o.DraftPMin = 0.75,
@@ -99,7 +100,10 @@ def run(
                         "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
                         "--image": bool(image), "--audio": bool(audio),
-                        "--mmproj": mmproj is not None})
+                        "--mmproj": mmproj is not None, "--n": n > 1})
+    if n > 1 and tools_file is not None:
+        raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
+                                 param_hint="--n")
     tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
     sampling = replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                        repeat_penalty=repeat_penalty, seed=seed)
@@ -111,6 +115,8 @@ def run(
     if media and prompt is None:
         raise typer.BadParameter(f"{'an image' if image else 'audio'} needs a PROMPT to go with it", param_hint="PROMPT")
     stdin_media = "-" in (image or ()) or "-" in (audio or ())
+    if n > 1 and interactive:
+        raise typer.BadParameter("several answers need a PROMPT (a chat answers each turn once)", param_hint="--n")
     text, document = (None, None) if interactive else (prompt, None) if stdin_media else read_prompt(prompt)
     load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn)
     if load is not None:
@@ -120,6 +126,10 @@ def run(
         load = o.one_shot(load, text, max_tokens, draft is not None)
     if load is not None:
         load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min, model)
+    if load is not None and n > 1:  # a sequence per answer
+        from tallow.cli.commands.run_n import load_for_n
+
+        load = load_for_n(load, n)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
                                allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
                                media={m.kind for m in media})
@@ -140,6 +150,9 @@ def run(
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
                                  cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
                                  grammar=grammar, logprobs=logprobs, tools=_tool_choice(engine, tool_spec))
+        if n > 1:
+            return _several(engine, request, n, name, conversation_id, history, system, text, as_json, logprobs,
+                            not quiet and (stats or (stderr_is_terminal() and not as_json)), grammar, schema)
         tokens: list = []
         final = _stream(engine, request, echo=not as_json and tool_spec is None,
                         show_reasoning=not hide_thinking and stderr_is_terminal(),
@@ -163,6 +176,33 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED)
     if grammar is not None:
         o.check_structured(final.text, final.finish_reason, schema)
+
+
+def _several(engine, request: Request, n: int, name: str, conversation_id: str, history, system, text,
+             as_json: bool, logprobs: int | None, show_stats: bool, grammar, schema) -> None:
+    """--n: the answers whole, in order (text, or one JSON object with `choices` as a batch
+    record has them); the stats line of them all; the first answer goes to the history log."""
+    from tallow.cli.commands.run_n import answer_n, print_choices
+    from tallow.jobs.batch import record
+    from tallow.runtime.forks import merged
+
+    choices = answer_n(engine, request, n, logprobs is not None)
+    if as_json:
+        out = {"model": name, "conversation_id": conversation_id, **record(None, None, choices)}
+        del out["id"]
+        if (facts := engine.load_facts()) is not None:
+            out["load"] = facts
+        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        print_choices(choices)
+    whole = merged([f for f, _ in choices])
+    if show_stats:
+        err_console().print(f"{stats_line(whole)} · {n} answers", style="dim", soft_wrap=True)
+    log_turn(history, conversation_id, name, system, text, choices[0][0])
+    if grammar is not None:
+        for final, _ in choices:
+            o.check_structured(final.text, final.finish_reason, schema)
 
 
 def _read_tools(path: Path, choice: str, fmt: str | None):

@@ -21,7 +21,9 @@ from starlette.routing import Route
 
 from tallow.common.errors import TallowError
 from tallow.runtime.errors import ContextOverflow
-from tallow.runtime.scheduler import Failure, QueueFull, Scheduler
+from tallow.runtime.forks import merged, submit_forks
+from tallow.runtime.handle import Failure, QueueFull
+from tallow.runtime.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
@@ -34,7 +36,7 @@ from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
 from tallow.wire.fields import APIError, parse_json
-from tallow.wire.openai_api import forks, merged, parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import parse_chat, parse_completion, to_request
 from tallow.wire.request import Limits
 from tallow.wire.streams import MessagesAdapter, OllamaAdapter, ResponsesAdapter, choice_adapters, choices_of
 
@@ -97,19 +99,13 @@ class RunnerApp:
         loop = asyncio.get_running_loop()
         pump = self.pumps.get(loop) or self.pumps.setdefault(loop, EventPump(loop))
         events: asyncio.Queue = asyncio.Queue()
-        handles: list = []
-        try:
-            for i, fork in enumerate(forks(req, parsed.n)):
-                def deliver(ev, i=i) -> None:
-                    pump.send(events, (i, ev))
 
-                handles.append(self.sched.submit(fork, on_event=deliver if self.fault is None else self.fault(deliver),
-                                                 fork_of=handles[0] if handles else None))
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
-        return req, handles, events
+        def on_event(i: int):
+            def deliver(ev) -> None:
+                pump.send(events, (i, ev))
+            return deliver if self.fault is None else self.fault(deliver)
+
+        return req, submit_forks(self.sched, req, parsed.n, on_event), events
 
     async def answer(self, request: HTTPRequest, parsed, size: int, adapters, done=None) -> Response:
         """Queue the request, then stream the adapters' events (one adapter per choice) or
