@@ -16,20 +16,22 @@ picks the draft length k that maximises the expected tokens per unit of work,
 in target-decode units; it drafts nothing when no k beats plain decoding, probing with
 one token now and then so that it notices when the text becomes predictable. In a busy
 step (many sequences decoding together) a verified row costs more of a sequence's share,
-so drafting stops on its own once enough sequences are busy (row_cost).
+so drafting stops on its own once enough sequences are busy (row_cost). The costs are
+measured as it runs (runtime/draft_costs.py).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tallow.models.draft_pick import VOCAB_SIZE_TOLERANCE
+from tallow.runtime.draft_costs import StepCosts, row_cost
 from tallow.runtime.errors import DraftError
 from tallow.runtime.sequence import Sequence, common_prefix
 from tallow.runtime.types import ContextParams, DraftLimits
 
 FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are control tokens that models name apart
-ROW_COST = 0.5  # one more verified row, in target decodes: 13 ms for 1 token, 58 ms for 8 (2 CPU cores, depth 1,200)
 PROBE_EVERY = 16  # steps without a draft before one token is drafted to measure acceptance again
 PROBE_MOST = 256  # ... doubling after each probe that finds nothing, up to this
 PROBE_WINDOW = 8  # a probe evaluates at most this much of the latest text, not all the draft missed
@@ -52,23 +54,20 @@ def vocabulary_difference(target, draft) -> str | None:
     return None
 
 
-def row_cost(busy: int) -> float:
-    """A verified row's cost, in this sequence's share of a step, when `busy` sequences
-    decode together: a step of B rows costs about 1 + ROW_COST (B - 1) decodes, so each
-    sequence's share is that over B, and one more row adds ROW_COST to the whole step."""
-    return ROW_COST * busy / (1 + ROW_COST * (busy - 1))
-
-
-def best_length(acceptance: float, draft_cost: float, limit: int, busy: int = 1) -> int:
+def best_length(acceptance: float, draft_cost: float, limit: int, busy: int = 1, row: float | None = None,
+                first: float | None = None) -> int:
     """The draft length with the most expected tokens per unit of work, with `busy`
     sequences sharing the step; 0 when none beats plain decoding (one token per unit). A
     busy step is already paid for by its other rows, so a draft's rows cost relatively more:
-    at 8 sequences a row costs 0.89 of a sequence's share and drafting rarely pays."""
+    at 8 sequences a row costs 0.89 of a sequence's share and drafting rarely pays. `row`:
+    a measured row cost for that many (else the prior's, row_cost); `first`: the first
+    drafted token's cost, when it differs from the rest's (`draft_cost`)."""
     a = min(max(acceptance, 0.0), 0.999)
-    extra = draft_cost + row_cost(max(1, busy))
+    row = row if row is not None else row_cost(max(1, busy))
+    first = first if first is not None else draft_cost
     best, best_gain = 0, 1.0
     for k in range(1, limit + 1):
-        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + k * extra)
+        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + first + (k - 1) * draft_cost + k * row)
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -105,7 +104,7 @@ class DraftContext:
 
     def __init__(self, model, ctx, limits: DraftLimits, cost: float, name: str) -> None:
         self.model, self.ctx, self.limits, self.name = model, ctx, limits, name
-        self.cost = cost  # a draft token's decode, in target decodes (from the weights' sizes)
+        self.costs = StepCosts(cost)  # a draft token's decode and a verified row, in target decodes
         self._sequences: dict[int, Sequence] = {}
 
     def sequence(self, seq_id: int) -> Sequence:
@@ -120,12 +119,16 @@ class DraftContext:
         self.model.close()
 
     def draft(self, wanted: list[tuple[ModelDrafter, int]]) -> list[list[int]]:
-        """Drafts for several sequences, each up to its length, evaluated in shared batches."""
+        """Drafts for several sequences, each up to its length, evaluated in shared batches;
+        the calls are timed for the length rule (runtime/draft_costs.py)."""
         todo = [(d, n) for d, n in wanted if n > 0]
         out: dict[int, list[int]] = {id(d): [] for d, _ in wanted}
         if not todo:
             return [[] for _ in wanted]
-        rows = self._catch_up([d for d, _ in todo])
+        began = time.perf_counter()
+        rows, evaluated = self._catch_up([d for d, _ in todo])
+        if evaluated <= 2 * len(todo):  # a drafting step's, not a new prompt's or a probe's window
+            self.costs.catch_up(len(todo), (time.perf_counter() - began) * 1000)
         n_vocab = self.model.n_vocab
         while todo:
             entries: list[tuple[int, int, int, bool]] = []
@@ -143,14 +146,17 @@ class DraftContext:
                 d.seq.kv.append(token)
                 left.append((d, n))
             if entries:
+                began = time.perf_counter()
                 self.ctx.decode_batch(entries)
+                self.costs.draft_token(len(entries), (time.perf_counter() - began) * 1000)
             rows, todo = nxt, left
         return [out[id(d)] for d, _ in wanted]
 
-    def _catch_up(self, drafters: list[ModelDrafter]) -> dict[int, int]:
+    def _catch_up(self, drafters: list[ModelDrafter]) -> tuple[dict[int, int], int]:
         """Evaluate what each sequence's cells lack of its history; returns the batch row of
-        each one's last token, whose logits give its first draft token. Logits live only until
-        the next decode, so every sequence's last token goes into the final call."""
+        each one's last token, whose logits give its first draft token, and how many tokens
+        it evaluated. Logits live only until the next decode, so every sequence's last token
+        goes into the final call."""
         body: list[tuple[int, int, int, bool]] = []
         last: list[tuple[int, int, int, bool]] = []
         for d in drafters:
@@ -173,7 +179,7 @@ class DraftContext:
                 rows[id(end)] = len(entries)
             entries.append((t, pos, seq, end is not None))
         self.ctx.decode_batch(entries)
-        return rows
+        return rows, len(body) + len(entries)
 
 
 def propose_all(wanted: list[tuple[object, int]], drafts: DraftContext | None, busy: int = 1) -> list[list[int]]:
@@ -214,7 +220,7 @@ class ModelDrafter:
         self.start = 0  # the history index the draft's cell 0 holds
         self.acceptance = 0.7
         self.idle = 0  # steps since the last draft
-        self.probe_every = PROBE_EVERY  # doubles after each probe that finds nothing
+        self.probe_every = 1  # the first step probes; then PROBE_EVERY, doubling while probes find nothing
         self.window = False  # the next catch-up evaluates only the last PROBE_WINDOW tokens
 
     def extend(self, tokens) -> None:
@@ -225,19 +231,29 @@ class ModelDrafter:
         share the step."""
         limits = self.owner.limits
         top = min(limits.max, room)
-        k = max(best_length(self.acceptance, self.owner.cost, top, busy), min(limits.min, top))
+        costs = self.owner.costs
+        (first, c), r = costs.draft(busy), costs.row(busy)
+        k = max(best_length(self.acceptance, c, top, busy, r, first), min(limits.min, top))
         if k == 0:
             self.idle += 1
-            # For a draft that would not pay even if always right, a probe is cost with
-            # nothing to find out.
-            if self.idle < self.probe_every or top < 1 or best_length(ALWAYS_RIGHT, self.owner.cost, top, busy) == 0:
+            # Once the costs are measured, a probe of a draft that would not pay even if
+            # always right is cost with nothing to find out.
+            if self.idle < self.probe_every or top < 1 or \
+                    (costs.measured and best_length(ALWAYS_RIGHT, c, top, busy, r, first) == 0):
                 return 0
             # A probe: one token, from a short window of the latest text rather than all that
-            # the draft missed, and rarer each time it finds nothing.
-            k, self.probe_every = 1, min(2 * self.probe_every, PROBE_MOST)
+            # the draft missed; rarer each time it finds nothing (outcome undoes the doubling
+            # when it finds something, and then probes again at the next step).
+            k = 1
+            if self.probe_every >= PROBE_EVERY:
+                self.probe_every = min(2 * self.probe_every, PROBE_MOST)
             self.window = len(self.history) - self.start - len(self.seq.kv) > PROBE_WINDOW
         self.idle = 0
         return k
+
+    def observe_step(self, sequences: int, rows: int, ms: float) -> None:
+        """A target decode call that verified (or could have verified) drafts: its cost."""
+        self.owner.costs.target_step(sequences, rows, ms)
 
     def unseen(self) -> list[int]:
         """The history the draft's cells should hold (a window, when a probe asked for one)."""
@@ -255,5 +271,16 @@ class ModelDrafter:
         if proposed:
             step = accepted / proposed
             self.acceptance += SMOOTHING * (step - self.acceptance)
+            # Right: where a one-token draft that is always right pays, look again at the
+            # next step, so that a run of right guesses raises the estimate to where drafting
+            # pays within a few tokens, not a few probes of 16 (where it does not, each such
+            # probe would cost more than it gains). Wrong: every PROBE_EVERY steps, doubling.
             if accepted:
+                self.probe_every = 1 if self._one_pays() else PROBE_EVERY
+            elif self.probe_every < PROBE_EVERY:
                 self.probe_every = PROBE_EVERY
+
+    def _one_pays(self) -> bool:
+        costs = self.owner.costs
+        first, rest = costs.draft(1)
+        return best_length(ALWAYS_RIGHT, rest, 1, 1, costs.row(1), first) > 0

@@ -427,7 +427,9 @@ class Engine:
                 continue
             drafter.extend(t for _, t in sampled)
             draft = drafter.propose(min(self.n_ctx - base - 1, self.n_batch - 1))
+            began = time.perf_counter()
             ctx.decode([token, *draft], seq.next_pos, _SEQ, all_logits=True)
+            drafter.observe_step(1, 1 + len(draft), (time.perf_counter() - began) * 1000)
             kv.append(token)
             kv.extend(draft)
             accepted, after = settle_draft(seq, run, drafter, draft, lambda i: sample(ctx, i))

@@ -356,16 +356,24 @@ class Scheduler:
         if not calls and self.media.busy():
             self.media.wait(0.05)  # nothing to step but an encode: wait for it, not spin
         for entries, wants in calls:
+            began = time.perf_counter()
             try:
                 ctx.decode_batch(entries)
             except BackendError as e:
                 for job in list(self._active):
                     self._fail(job, e)
                 return
+            self._observe(len(entries), wants, began)
             self.stats.steps += 1
             self._save_points({e[2] for e in entries})
             for row, job in wants:
                 self._sample(job, row)
+
+    def _observe(self, rows: int, wants: list[tuple[int, _Job]], began: float) -> None:
+        """A call that only decoded (no prompt in it): its cost, for the draft model's rule."""
+        if self.engine.drafts is not None and rows == sum(1 + len(j.draft) for _, j in wants) \
+                and all(j.run.t_decode_start is not None for _, j in wants):
+            self.engine.drafts.costs.target_step(len(wants), rows, (time.perf_counter() - began) * 1000)
 
     def _save_points(self, seqs: set[int]) -> None:
         """Save the cache points the prefill just reached in a call that decoded `seqs` (see

@@ -66,6 +66,9 @@ class LookupDrafter:
         elif proposed:
             self.limit = min(MAX_DRAFT, self.limit * 2)
 
+    def observe_step(self, sequences: int, rows: int, ms: float) -> None:
+        """A timed decode call (a draft model learns its costs from these; a lookup costs nothing to draft)."""
+
 
 def verify(draft: list[int], sample) -> tuple[list[int], int]:
     """Check a draft evaluated after the last sampled token: `sample(i)` is the model's token

@@ -11,6 +11,7 @@ import pytest
 from helpers.processes import run_tallow
 from helpers.synth import write_synthetic_gguf
 
+from tallow.runtime.draft_costs import StepCosts
 from tallow.runtime.draft_model import best_length, row_cost
 
 # The target cycles a..h; the draft agrees except after "d", where it says "x" (then "y",
@@ -74,6 +75,47 @@ def test_sampled_answer_is_the_targets_for_the_same_seed(tmp_path):
     assert drafted_tokens > 20 and accepted < drafted_tokens / 2  # it drafted, and mostly wrongly
 
 
+# After "q" the target says "a"; after "a" it samples among b, c, d, e (logits 1.6 .. 0.4;
+# with top-k 4 at temperature 1: p = 0.41, 0.28, 0.19, 0.12). The draft always guesses "e".
+SAMPLED = {"q": {"a": 40.0}, "a": {"b": 1.6, "c": 1.2, "d": 0.8, "e": 0.4}}
+WRONG = {"q": "a", "a": "e"}
+
+
+def test_a_bad_draft_leaves_the_sampled_distribution_the_targets(tmp_path):
+    """The second token of 1,200 seeded answers, drafted every time by a draft that guesses the
+    least likely token, against the target's own distribution: a chi-square test. The seeds
+    are fixed, so the outcome is too (it cannot flake); accepting the guess without checking
+    it would put every answer on "e" (chi-square in the thousands)."""
+    import numpy as np
+
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import DraftLimits, LoadSettings, Request, Sampling
+
+    target = write_synthetic_gguf(tmp_path / "t.gguf", seed=5, script=SAMPLED)
+    bad = write_synthetic_gguf(tmp_path / "d.gguf", seed=5, script=WRONG)
+    with Engine(target, LoadSettings(n_ctx=256, n_threads=2, flash_attn="on", draft=(bad,),
+                                     draft_limits=DraftLimits(max=2, min=2, p_min=0.0))) as engine:
+        q, a = engine.tokenize("q"), engine.tokenize("a")
+        row = engine.logits_for(q + a)[-1].astype(np.float64)
+        top = [int(t) for t in np.argsort(row)[::-1][:4]]
+        p = np.exp(row[top] - row[top].max())
+        p /= p.sum()
+        counts, drafted, accepted = dict.fromkeys(top, 0), 0, 0
+        seeds = 1200
+        for seed in range(seeds):
+            sampling = Sampling(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0, seed=seed)
+            events = list(engine.stream(Request(q, max_tokens=3, sampling=sampling, draft="model")))
+            second, final = events[1].token, events[-1]
+            counts[second] += 1
+            drafted, accepted = drafted + final.usage.draft_tokens, accepted + final.usage.accepted_tokens
+        assert 1 in engine.drafts.costs.catch_ms and 1 in engine.drafts.costs.token_ms  # the draft's calls, timed
+        assert top == [engine.tokenize(x)[0] for x in "bcde"]  # the four successors the script set, in order
+    observed = np.array([counts[t] for t in top], dtype=np.float64)
+    chi2 = float(((observed - seeds * p) ** 2 / (seeds * p)).sum())
+    assert chi2 < 16.27, (chi2, observed, seeds * p)  # 3 degrees of freedom, p = 0.001
+    assert drafted >= seeds and accepted < 0.25 * drafted  # the draft was checked at every answer, and mostly wrong
+
+
 def test_a_draft_of_another_vocabulary_is_refused(pair, default_home):
     _, draft, _ = pair
     r = run_tallow(["run", "smollm2:135m", "hi", "--draft", str(draft)], home=default_home)
@@ -115,20 +157,65 @@ def test_a_draft_that_cannot_pay_is_never_probed():
     from tallow.runtime.draft_model import PROBE_EVERY, ModelDrafter
     from tallow.runtime.types import DraftLimits
 
-    owner = SimpleNamespace(limits=DraftLimits(), cost=0.1, sequence=lambda seq: SimpleNamespace(kv=[]))
+    owner = SimpleNamespace(limits=DraftLimits(), costs=StepCosts(0.1), sequence=lambda seq: SimpleNamespace(kv=[]))
 
-    def probes(drafter, steps: int) -> list[int]:
-        return [i for i in range(1, steps + 1) if drafter.length(64) == 1]
+    def probes(drafter, steps: int, right: bool = False) -> list[int]:
+        """The steps (from 1) at which the drafter probes, each probe right or wrong as told."""
+        seen = []
+        for i in range(1, steps + 1):
+            if drafter.length(64) == 1:
+                seen.append(i)
+                drafter.outcome(int(right), 1)
+                drafter.acceptance = 0.2  # it has been wrong: no length pays now
+        return seen
 
     drafter = ModelDrafter(owner, 0, [])
-    drafter.acceptance = 0.2  # it has been wrong: no length pays now
-    # a cheap draft probes one token now and then, rarer each time a probe finds nothing
-    assert probes(drafter, 7 * PROBE_EVERY) == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]
-    drafter.outcome(1, 1)  # a probe that was right: probing is frequent again
     drafter.acceptance = 0.2
-    assert probes(drafter, PROBE_EVERY) == [PROBE_EVERY]
-    owner.cost = 0.7  # a draft of 0.7 the target's size would not pay even if always right
+    # a cheap draft probes at once, then now and then, rarer each time a probe finds nothing
+    assert probes(drafter, 7 * PROBE_EVERY) == [1, 1 + PROBE_EVERY, 1 + 3 * PROBE_EVERY]
+    # a probe that was right is followed by another at the next step, while they are right
+    assert probes(drafter, 4 * PROBE_EVERY + 4, right=True)[-4:] == [4 * PROBE_EVERY + i for i in range(1, 5)]
+    assert probes(drafter, 2 * PROBE_EVERY) == [1, 1 + PROBE_EVERY]  # wrong again: every PROBE_EVERY steps
+    # measured: a draft token at 0.7 of a decode and a row at 0.5 would not pay even if always right
+    owner.costs = measured(plain=10.0, verify_one=15.0, draft=7.0)
     assert probes(ModelDrafter(owner, 0, []), 8 * PROBE_EVERY) == []
+    # where one right token does not pay (measured here: its first token 1.1 decodes, a row 0.3)
+    # but sixteen would, a right probe is not followed by another at once: each would cost more
+    owner.costs = measured(plain=28.6, verify_one=28.6 * 1.3, draft=16.0, catch_up=32.0)
+    assert probes(ModelDrafter(owner, 0, []), 2 * PROBE_EVERY, right=True) == [1, 1 + PROBE_EVERY]
+
+
+def measured(plain: float, verify_one: float, draft: float, catch_up: float | None = None) -> StepCosts:
+    """Costs as a lone sequence's timed calls give them (ms): a plain step, a step verifying
+    one drafted token, a draft call for a further token, and the catch-up call (by default
+    the same)."""
+    costs = StepCosts(0.36)
+    costs.target_step(1, 1, plain)
+    costs.target_step(1, 2, verify_one)
+    costs.catch_up(1, draft if catch_up is None else catch_up)
+    costs.draft_token(1, draft)
+    return costs
+
+
+def test_the_costs_are_measured_as_it_runs():
+    costs = StepCosts(0.36)
+    assert not costs.measured and costs.draft(1) == (0.36, 0.36) and costs.row(1) == 0.5  # the priors, until seen
+    # an F16 target (28.6 ms a token here) and its Q4_1 draft: 16 ms a token, but 32 ms for the
+    # two-token catch-up (llama.cpp's CPU kernels take two rows at twice the cost of one)
+    costs = measured(plain=28.6, verify_one=28.6 * 1.3, draft=16.0, catch_up=32.0)
+    assert costs.measured and costs.row(1) == pytest.approx(0.3)
+    assert costs.draft(1) == pytest.approx((32.0 / 28.6, 16.0 / 28.6))
+    # the first token's cost is paid once a draft: at 1 token it does not pay, at 16 it does
+    first, rest = costs.draft(1)
+    assert best_length(0.99, rest, 1, row=costs.row(1), first=first) == 0
+    assert best_length(0.99, rest, 16, row=costs.row(1), first=first) > 8
+    costs.target_step(1, 5, 28.6 + 4 * 8.58)  # four rows at 8.58 ms each: the same
+    assert costs.row(1) == pytest.approx(0.3)
+    costs.target_step(4, 4, 40.0)  # four sequences share a 40 ms step: 10 ms each, so a row is 0.86 of a share
+    assert costs.row(4) == pytest.approx(0.858) and costs.draft(4) == (0.36, 0.36)  # no draft call for four yet
+    # where rows cost little (a GPU), drafts grow longer than the CPU prior allows
+    gpu = measured(plain=10.0, verify_one=10.2, draft=1.0)
+    assert best_length(0.9, gpu.draft(1)[1], 16, row=gpu.row(1)) > best_length(0.9, 0.1, 16) > 0
 
 
 def test_draft_auto_picks_a_small_stored_model_of_the_same_vocabulary(pair, tmp_path, monkeypatch):

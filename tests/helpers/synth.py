@@ -96,11 +96,13 @@ def _as_token(text: str) -> str:
     return byte_to_unicode()[text.encode()[0]] if len(text.encode()) == 1 else text
 
 
-def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | None = None,
+def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str | dict[str, float]] | None = None,
                          template: str = CHATML, add_bos: bool = False, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Random weights; or, with `script` ({token: next token}), weights that make greedy
     decoding follow the script: attention and feed-forward are zero, so the residual stream
-    is the token's embedding, and the output matrix maps each embedding to its successor."""
+    is the token's embedding, and the output matrix maps each embedding to its successor.
+    A script entry {token: {successor: logit, ...}} sets the logits after that token (the
+    rest are 0), so a test knows the distribution sampling draws from."""
     from tallow.runtime.calibration.probe_model import llama_writer
 
     tokens, types, merges = vocabulary(extra_tokens)
@@ -127,8 +129,11 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str] | 
     if script:
         out = np.zeros((n_vocab, N_EMBD), dtype=np.float32)
         for src, dst in script.items():
-            a, b = tokens.index(_as_token(src)), tokens.index(_as_token(dst))
-            out[b] += embd[a] / np.linalg.norm(embd[a]) * 4.0
+            a = tokens.index(_as_token(src))
+            # a successor, or {successor: its logit}: the normed residual is embd[a] * sqrt(N_EMBD) / |embd[a]|,
+            # so a row of embd[a] / |embd[a]| * L / sqrt(N_EMBD) gives logit L after `src` (4 * 8 = 32 by default)
+            for nxt, logit in (dst.items() if isinstance(dst, dict) else ((dst, 4.0 * np.sqrt(N_EMBD)),)):
+                out[tokens.index(_as_token(nxt))] += embd[a] / np.linalg.norm(embd[a]) * logit / np.sqrt(N_EMBD)
         w.add_tensor("output.weight", out)
     else:
         t("output.weight", n_vocab, N_EMBD)
