@@ -21,12 +21,11 @@ WEIGHT = 0.2  # of the latest observation in each average
 ROW_PRIOR = 0.5  # a verified row, in decodes: 13 ms for 1 token, 58 ms for 8 (2 CPU cores, depth 1,200)
 
 
-def row_cost(busy: int, row: float = ROW_PRIOR) -> float:
-    """A verified row's cost, in this sequence's share of a step, when `busy` sequences
-    decode together and a row alone costs `row` decodes: a step of B rows costs about
-    1 + row (B - 1) decodes, each sequence's share is that over B, and one more row adds
-    `row` to the whole step."""
-    return row * busy / (1 + row * (busy - 1))
+def row_cost(busy: int) -> float:
+    """The prior of a verified row's cost, in this sequence's share of a step, when `busy`
+    sequences decode together: a step of B rows costs about 1 + ROW_PRIOR (B - 1) decodes,
+    each sequence's share is that over B, and one more row adds ROW_PRIOR to the whole step."""
+    return ROW_PRIOR * busy / (1 + ROW_PRIOR * (busy - 1))
 
 
 def _ema(old: float | None, new: float) -> float:

@@ -243,7 +243,7 @@ class ModelDrafter:
                 return 0
             # A probe: one token, from a short window of the latest text rather than all that
             # the draft missed; rarer each time it finds nothing (outcome undoes the doubling
-            # when it finds something, and then probes again at the next step).
+            # when it finds something).
             k = 1
             if self.probe_every >= PROBE_EVERY:
                 self.probe_every = min(2 * self.probe_every, PROBE_MOST)
