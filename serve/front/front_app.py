@@ -24,7 +24,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tallow.common.errors import TallowError
@@ -39,6 +39,7 @@ from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import counter, gauge, merge_pages
 from tallow.serve.http.replica import Replica
 from tallow.serve.http.response_store import ResponseStore
+from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.wire.fields import APIError, parse_json
 
 MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens",
@@ -132,7 +133,7 @@ class FrontApp:
         if body.get("stream", True) is False:
             await run_in_threadpool(self.registry.pull, name, lambda *a: None)
             return JSONResponse({"status": "success"})
-        return StreamingResponse(_pull_lines(self.registry, name), media_type="application/x-ndjson")
+        return ClosingStreamingResponse(_pull_lines(self.registry, name), media_type="application/x-ndjson")
 
     def models_list(self) -> list[dict[str, Any]]:
         return [{"id": n, "object": "model", "created": self.started, "owned_by": "tallow"}

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tallow.common.errors import TallowError
@@ -31,6 +31,7 @@ from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
+from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.serve.media_fetch import fetch_media
 from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
 from tallow.serve.runner.pump import EventPump
@@ -113,7 +114,7 @@ class RunnerApp:
         adapters = adapters if isinstance(adapters, list) else [adapters]
         req, handles, events = await self.submit(parsed, size)
         if parsed.stream:
-            return StreamingResponse(_sse(handles, events, adapters, len(req.prompt_tokens), done),
+            return ClosingStreamingResponse(_sse(handles, events, adapters, len(req.prompt_tokens), done),
                                      media_type=getattr(adapters[0], "media_type", "text/event-stream"),
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
