@@ -15,6 +15,12 @@ So while the main thread is inside a native section:
   callback (checked between graph nodes) and the load's progress callback read it, so the
   native call itself stops early.
 
+Outside native sections the watcher covers one more gap: readline's prompt waits in a bare
+select() on the terminal, so a Ctrl-C that lands just before the main thread enters it (or
+is taken by another thread) is recorded but not acted on until the next key. When the
+Python handler has not run a short while after the signal, the watcher sends SIGINT to the
+main thread again, which interrupts the select().
+
 The abort callback is libc's `strlen` on a two-byte buffer: a callback written in C, so
 llama.cpp may check it at every graph node for free, without taking the GIL. The buffer
 holds "" (length 0: go on) or "\\x01" (length 1: abort), and a bool return reads the low
@@ -28,6 +34,7 @@ import ctypes.util
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +44,8 @@ _depth = 0  # native sections the main thread is inside
 _pending = False  # an interrupt arrived during a native section
 _previous: Any = signal.default_int_handler  # the handler before tallow's (a callable, SIG_IGN or SIG_DFL)
 abort_flag = ctypes.create_string_buffer(2)  # b"" go on, b"\x01" abort
+_handled_at = float("-inf")  # when the Python handler last ran (time.monotonic)
+NUDGE_AFTER_S = 0.25  # a Ctrl-C not handled by then is sent to the main thread again
 
 
 def _strlen_address() -> int | None:
@@ -60,7 +69,8 @@ def _raise_flag() -> None:
 
 
 def _on_sigint(signum, frame) -> None:
-    global _pending
+    global _pending, _handled_at
+    _handled_at = time.monotonic()
     if _depth > 0:
         _pending = True
         _raise_flag()
@@ -79,8 +89,18 @@ def _watch(fd: int) -> None:
             return
         if not data:
             return
-        if signal.SIGINT in data and _depth > 0:
-            _raise_flag()
+        if signal.SIGINT in data:
+            if _depth > 0:
+                _raise_flag()
+            else:
+                threading.Timer(NUDGE_AFTER_S, _nudge, args=(time.monotonic(),)).start()
+
+
+def _nudge(read_at: float) -> None:
+    """Send SIGINT to the main thread again if its handler has not run since shortly
+    before the watcher saw the signal (a signal the handler already took is not resent)."""
+    if _depth == 0 and _handled_at < read_at - NUDGE_AFTER_S:
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
 def install() -> bool:
