@@ -94,6 +94,8 @@ def main() -> int:
     from helpers.processes import shared_home
 
     from benchmarks.llamabench import llama_tool, tallow_env
+    from tallow.models.resolve import locate
+    from tallow.models.store import Store
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
@@ -102,7 +104,8 @@ def main() -> int:
     ap.add_argument("--llama-args", default="", help="more options for llama-server")
     args = ap.parse_args()
     home = shared_home()
-    model = Path(args.model) if args.model else next((home / "models" / "blobs").glob("*"))
+    # the default model by name: the shared store's blobs may hold others written by tests
+    model = Path(args.model) if args.model else locate("smollm2:135m", Store(home / "models")).path
     binary = llama_tool("llama-server")
     p1, p2 = free_port(), free_port()
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"), TALLOW_CPU_REPACK="off")
