@@ -17,6 +17,7 @@ from tallow.models.bert_import import POOLING
 from tallow.runtime.errors import ContextOverflow, DraftError
 from tallow.runtime.loadplan import (
     check_draft_fit,
+    check_draft_room,
     choose_flash_attn,
     context_notes,
     default_context,
@@ -26,7 +27,7 @@ from tallow.runtime.loadplan import (
     read_shape,
 )
 from tallow.runtime.logprobs import token_logprob
-from tallow.runtime.multimodal import cuts, text_only
+from tallow.runtime.multimodal import cuts, media_prompt, text_only
 from tallow.runtime.protocol import Events
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
@@ -45,7 +46,7 @@ class Engine:
         started = time.perf_counter()
         backend.init(echo_logs=settings.echo_logs)
         paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
-        self.path = paths[0]
+        self.path, self.paths = paths[0], paths
         offload = backend.supports_gpu_offload()
         self.fit_note = self.estimate = None
         shape = read_shape(paths) if settings.check_memory or settings.flash_attn == "auto" else None
@@ -133,6 +134,16 @@ class Engine:
         return load_draft(list(settings.draft), self.model, paths, p, settings.draft_limits, layers, settings.draft_name,
                           self.extra_buffers)
 
+    def attach_draft(self, paths: list[Path], name: str, limits) -> None:
+        """Load a draft model now (a request named one): checked as at load, its fit against
+        the memory that the loaded model leaves. The engine thread sees it from its next step."""
+        if self.drafts is not None:
+            raise DraftError(f"this model already drafts with {self.drafts.name}")
+        settings = replace(self._settings, draft=tuple(paths), draft_name=name, draft_limits=limits)
+        if settings.check_memory:
+            check_draft_room(list(paths), settings, self.n_ctx, self.offloaded_layers > 0)
+        self.drafts = self._draft_model(settings, self.paths, self.n_threads, self.gpu_layers)
+
     def _projector(self, path: Path | None, n_threads: int, flash: bool):
         if path is None:
             return None
@@ -170,34 +181,11 @@ class Engine:
         else:
             text = template.render(messages, add_generation_prompt=True, tools=tools)
         if media:
-            return self._media_prompt(text, media, self.model.add_bos)
+            return media_prompt(self.projector, self.model, self.path.name, text, media)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
         if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
             tokens.insert(0, self.model.bos)
         return tokens, ()
-
-    def _media_prompt(self, text: str, media: list, add_bos: bool):
-        from tallow.runtime.media import MediaError, media_noun
-        from tallow.runtime.multimodal import assemble
-
-        if self.projector is None:
-            raise MediaError(f"{self.path.name} has no projector: it cannot take {media_noun({m.kind for m in media})}",
-                             "give a projector with --mmproj, or use a vision model")
-        pieces = self.projector.tokenize(text, self._for_projector(media))
-        first = pieces[0] if pieces and isinstance(pieces[0], list) else []
-        bos = self.model.bos if add_bos and not (first and first[0] == self.model.bos) else None
-        return assemble(pieces, bos)
-
-    def _for_projector(self, media: list) -> list:
-        """Media the projector can take: audio at its sample rate; a kind it lacks is refused."""
-        from tallow.runtime.audio import resample
-        from tallow.runtime.media import MediaError, missing_encoder
-
-        assert self.projector is not None
-        lacking = missing_encoder({m.kind for m in media}, self.projector.vision, self.projector.audio)
-        if lacking:
-            raise MediaError(f"{self.path.name}'s projector has no {lacking[0]} encoder: it cannot take {lacking[1]}")
-        return [resample(m, self.projector.sample_rate) if m.kind == "audio" else m for m in media]
 
     served_at = None  # this machine answers (runtime/protocol.py)
 

@@ -139,6 +139,22 @@ def check_draft_fit(paths: list[Path], settings: LoadSettings, plan: MemoryPlan,
                          "give a smaller draft model, or a shorter --ctx")
 
 
+def check_draft_room(paths: list[Path], settings: LoadSettings, n_ctx: int, offload: bool) -> None:
+    """Raise DraftError when a draft model cannot load now, next to a loaded model of context
+    `n_ctx` (`offload`: its layers, hence the draft's, go to a GPU): the memory free now
+    already counts the model."""
+    from dataclasses import replace
+
+    from tallow.runtime.devices import gpu_free_memory
+    from tallow.runtime.errors import DraftError
+
+    left = replace(settings, n_ctx=n_ctx, mmproj=None, draft=())
+    problem = plan_memory(paths, left, offload, gpu_free_memory() if offload else None).problem
+    if problem is not None:
+        raise DraftError(f"the draft {settings.draft_name or paths[0].name} does not fit next to the model: "
+                         f"{problem.message}", "give a smaller draft model, or a shorter --ctx")
+
+
 def projector_bytes(path: Path | None) -> int:
     """What a projector adds to a load: its weights and its encoder's compute buffer."""
     if path is None:

@@ -69,3 +69,22 @@ def cuts(ends: set[int], spans: tuple[Span, ...], start: int, stop: int) -> list
 def text_only(tokens: list[int]) -> list[int]:
     """The vocabulary tokens of a prompt (what a repetition penalty or a drafter may see)."""
     return [t for t in tokens if t >= 0]
+
+
+def media_prompt(projector, model, name: str, text: str, media: list) -> tuple[list, tuple]:
+    """A rendered prompt with media in it, as the projector tokenizes it: (tokens with media
+    cells, spans); `model` (a runtime.backend.Model) gives the BOS, `name` the errors."""
+    from tallow.runtime.audio import resample
+    from tallow.runtime.media import MediaError, media_noun, missing_encoder
+
+    if projector is None:
+        raise MediaError(f"{name} has no projector: it cannot take {media_noun({m.kind for m in media})}",
+                         "give a projector with --mmproj, or use a vision model")
+    lacking = missing_encoder({m.kind for m in media}, projector.vision, projector.audio)
+    if lacking:
+        raise MediaError(f"{name}'s projector has no {lacking[0]} encoder: it cannot take {lacking[1]}")
+    ready = [resample(m, projector.sample_rate) if m.kind == "audio" else m for m in media]
+    pieces = projector.tokenize(text, ready)
+    first = pieces[0] if pieces and isinstance(pieces[0], list) else []
+    bos = model.bos if model.add_bos and not (first and first[0] == model.bos) else None
+    return assemble(pieces, bos)

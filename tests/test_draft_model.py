@@ -314,9 +314,39 @@ def test_serve_drafts_per_model(pair, tmp_path):
                                    messages=[{"role": "user", "content": "hi"}])
         assert r.content[0].text == "abcdefgh" * 2 + "abcd"
         assert 'tallow_draft_accepted_tokens_total{model="target.gguf"} 15' in server.raw("/metrics")[2]
-        with pytest.raises(anthropic.BadRequestError, match="not served with a draft model"):
+        with pytest.raises(anthropic.BadRequestError, match="is a file path; a request names a stored model"):
             client.messages.create(model=other.name, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
                                    extra_body={"draft": "draft.gguf"})
+    finally:
+        server.close()
+
+
+def test_a_request_names_a_stored_draft_and_the_runner_loads_it(pair, tmp_path, default_model):
+    pytest.importorskip("openai")
+    import openai
+    from helpers.server import Server
+
+    target, draft, _ = pair
+    for model, name in ((draft, "drafty"), (default_model, "big")):
+        assert run_tallow(["import", str(model), "--name", name, "--link"], home=tmp_path).returncode == 0
+    server = Server(target, tmp_path, "--parallel", "2")  # served with no draft model
+    try:
+        client = server.client()
+        ask = lambda draft_name: client.chat.completions.create(  # noqa: E731
+            model=target.name, max_tokens=20, temperature=0, extra_body={"draft": draft_name},
+            messages=[{"role": "user", "content": "hi"}])
+        for name, refused in (("big", "is larger than the model it drafts for"), ("nowhere", "model .nowhere. not found"),
+                              (str(draft), "is a file path")):
+            with pytest.raises(openai.BadRequestError, match=refused):
+                ask(name)
+        for _ in range(2):  # loaded by the first request, found by the second
+            r = ask("drafty")
+            usage = r.usage.model_dump()
+            assert r.choices[0].message.content == "abcdefgh" * 2 + "abcd"
+            assert usage["draft"] == "drafty:latest" and usage["draft_tokens"] >= usage["accepted_tokens"] > 0, usage
+        assert 'tallow_draft_accepted_tokens_total{model="target.gguf"}' in server.raw("/metrics")[2]
+        with pytest.raises(openai.BadRequestError, match="drafts with drafty:latest, not 'big'"):
+            ask("big")  # one draft model per served model
     finally:
         server.close()
 

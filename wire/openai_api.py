@@ -228,7 +228,8 @@ def _draft_method(engine, draft: str | None) -> str | None:
                        "(serve --draft MODEL, or --model-option 'NAME draft=MODEL'); \"lookup\" needs none",
                        param="draft")
     if draft not in (loaded, loaded.removesuffix(":latest")):
-        raise APIError(f"'draft': this model drafts with {loaded}, not {draft!r}", param="draft")
+        raise APIError(f"'draft': this model drafts with {loaded}, not {draft!r} (a served model holds one draft model)",
+                       param="draft")
     return "model"
 
 

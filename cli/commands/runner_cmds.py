@@ -93,13 +93,29 @@ def _ready(name: str, engine, **shape) -> dict:
             "memory": engine.estimate.to_dict() if engine.estimate else {}}
 
 
+def _stored_draft(name: str) -> tuple:
+    """(paths, name) of the stored model a request names as its draft. Only stored names:
+    a client never makes the server open a file by its path, and a runner never pulls."""
+    from tallow.cli.models import store
+    from tallow.common.errors import TallowError
+    from tallow.models.refs import PathRef, parse_ref
+    from tallow.models.resolve import LocalModel, locate
+
+    if isinstance(parse_ref(name), PathRef):
+        raise TallowError(f"{name!r} is a file path; a request names a stored model (serve --draft PATH loads a file)")
+    found = locate(name, store())
+    if not isinstance(found, LocalModel):
+        raise TallowError(f"{name!r} is not stored here (tallow pull {name}, then ask again)")
+    return found.paths, found.name
+
+
 def _generating(model: str, load, c: RunnerConfig):
     from tallow.cli.models import open_scheduler
     from tallow.serve.runner.runner_app import create_app
 
     name, sched = open_scheduler(model, load, True, c.scheduler(), disk_cache=not c.no_cache)
     engine = sched.engine
-    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)))
+    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)), _stored_draft)
     return name, sched, app, _ready(name, engine, capacity=sched.capacity, n_ctx=sched.n_ctx,
                                     parallel=len(sched.slots), unified=sched.unified)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +24,7 @@ from tallow.runtime.errors import ContextOverflow
 from tallow.runtime.forks import merged, submit_forks
 from tallow.runtime.handle import Failure, QueueFull
 from tallow.runtime.scheduler import Scheduler
-from tallow.runtime.types import FinalEvent, TokenEvent
+from tallow.runtime.types import DraftLimits, FinalEvent, TokenEvent
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
@@ -44,15 +44,18 @@ from tallow.wire.streams import MessagesAdapter, OllamaAdapter, ResponsesAdapter
 INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
 
 
-def create_app(sched: Scheduler, cfg: ServerConfig) -> Guard:
-    return RunnerApp(sched, cfg).asgi()
+def create_app(sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None) -> Guard:
+    """The runner's app; `find_draft(name)` gives a stored model's (paths, name) for a
+    request that names a draft model this runner has not loaded (None: such a request is refused)."""
+    return RunnerApp(sched, cfg, find_draft).asgi()
 
 
 class RunnerApp:
     """One runner's routes over its scheduler; each handler is a method."""
 
-    def __init__(self, sched: Scheduler, cfg: ServerConfig) -> None:
-        self.sched, self.cfg, self.engine = sched, cfg, sched.engine
+    def __init__(self, sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None) -> None:
+        self.sched, self.cfg, self.engine, self.find_draft = sched, cfg, sched.engine, find_draft
+        self.draft_lock = asyncio.Lock()
         engine = self.engine
         self.limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
                              default_max_tokens=cfg.default_max_tokens, seed=cfg.seed, n_vocab=engine.model.n_vocab,
@@ -93,6 +96,7 @@ class RunnerApp:
     async def submit(self, parsed, size: int):
         """Queue the request (n > 1: n forks of it, each with its own seed, the prompt
         evaluated once); events arrive as (choice, event)."""
+        await self.load_draft(parsed.draft)
         if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
             req = to_request(self.engine, parsed)
         else:  # a long one can take a while: off the event loop
@@ -107,6 +111,19 @@ class RunnerApp:
             return deliver if self.fault is None else self.fault(deliver)
 
         return req, submit_forks(self.sched, req, parsed.n, on_event), events
+
+    async def load_draft(self, name: str | None) -> None:
+        """The draft model a request names, loaded on its first use when this runner has none:
+        once, however many requests name it at the same time."""
+        if name in (None, "lookup") or self.engine.drafts is not None or self.find_draft is None:
+            return  # to_request checks the name against what is loaded
+        async with self.draft_lock:
+            if self.engine.drafts is None:
+                try:
+                    paths, canonical = await run_in_threadpool(self.find_draft, name)
+                    await run_in_threadpool(self.engine.attach_draft, list(paths), canonical, DraftLimits())
+                except TallowError as exc:
+                    raise APIError(f"'draft': {exc.message}", param="draft") from exc
 
     async def answer(self, request: HTTPRequest, parsed, size: int, adapters, done=None) -> Response:
         """Queue the request, then stream the adapters' events (one adapter per choice) or
