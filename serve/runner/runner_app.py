@@ -140,15 +140,17 @@ class RunnerApp:
             for h in handles:
                 h.cancel()  # no effect once finished; frees the slot if the client went away
 
-    @staticmethod
-    async def parse(parse, *args):
-        """A request parsed off the event loop: decoding an image (or fetching one) takes long
-        enough to stall every stream this runner is sending."""
+    async def parse(self, size: int, parse, *args):
+        """A request parsed: off the event loop where it may hold media (decoding an image, or
+        fetching one, takes long enough to stall every stream this runner is sending); a small
+        body with no URL to fetch inline, since a thread hop costs a loaded machine more."""
+        if size <= INLINE_BODY and not self.cfg.media_urls:
+            return parse(*args)
         return await run_in_threadpool(parse, *args)
 
     async def chat_completions(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
-        parsed = await self.parse(parse_chat, body, self.limits)
+        parsed = await self.parse(size, parse_chat, body, self.limits)
         adapters = choice_adapters(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
         return await self.answer(request, parsed, size, adapters)
 
@@ -162,7 +164,7 @@ class RunnerApp:
         body, size = await self.body_of(request)
         prev = body.get("previous_response_id")
         previous = self.store.get(prev, "previous_response_id")[1] if prev is not None else None
-        parsed = await self.parse(responses_api.parse, body, self.limits, previous)
+        parsed = await self.parse(size, responses_api.parse, body, self.limits, previous)
         cfg, store = self.cfg, self.store
 
         def keep(a: ResponsesAdapter) -> None:
@@ -173,19 +175,19 @@ class RunnerApp:
 
     async def messages(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
-        parsed = await self.parse(anthropic_api.parse, body, self.limits)
+        parsed = await self.parse(size, anthropic_api.parse, body, self.limits)
         return await self.answer(request, parsed, size, MessagesAdapter(parsed, self.cfg.model))
 
     async def count_tokens(self, request: HTTPRequest) -> Response:
-        body, _ = await self.body_of(request)
-        parsed = await self.parse(anthropic_api.parse_count, body, self.limits)
+        body, size = await self.body_of(request)
+        parsed = await self.parse(size, anthropic_api.parse_count, body, self.limits)
         req = await run_in_threadpool(to_request, self.engine, parsed)
         return JSONResponse({"input_tokens": len(req.prompt_tokens)})
 
     async def ollama(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
         chat = request.url.path == "/api/chat"
-        parsed = await self.parse(ollama_api.parse_chat if chat else ollama_api.parse_generate, body, self.limits,
+        parsed = await self.parse(size, ollama_api.parse_chat if chat else ollama_api.parse_generate, body, self.limits,
                                   self.loaded)
         load_ms = float(request.headers.get("x-tallow-load-ms") or 0)  # set by the server that started this runner
         adapter = OllamaAdapter(parsed, self.cfg.model, self.engine.model.piece, load_ms)
