@@ -98,8 +98,10 @@ def _watch(fd: int) -> None:
 
 def _nudge(read_at: float) -> None:
     """Send SIGINT to the main thread again if its handler has not run since shortly
-    before the watcher saw the signal (a signal the handler already took is not resent)."""
-    if _depth == 0 and _handled_at < read_at - NUDGE_AFTER_S:
+    before the watcher saw the signal (a signal the handler already took is not resent).
+    Only while tallow's handler is the one installed: a server's (uvicorn's) own handler
+    counts a second SIGINT as a demand to quit at once."""
+    if _depth == 0 and _handled_at < read_at - NUDGE_AFTER_S and signal.getsignal(signal.SIGINT) is _on_sigint:
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 

@@ -31,3 +31,29 @@ def test_a_ctrl_c_the_prompt_missed_is_delivered_to_the_main_thread():
     term.read_until(r"prompt> ")
     assert "INTERRUPTED" in term.read_until(r"INTERRUPTED|NO INTERRUPT", timeout=30)
     assert term.wait() == 0
+
+
+# A server (uvicorn) installs its own SIGINT handler after tallow's and counts a second
+# SIGINT as "quit now": the watcher must never resend one there.
+REPLACED = r"""
+import signal, threading, time
+from tallow.runtime import interrupt
+assert interrupt.install()
+seen = []
+signal.signal(signal.SIGINT, lambda *a: seen.append(1))
+def elsewhere():
+    time.sleep(0.5)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+threading.Thread(target=elsewhere, daemon=True).start()
+for _ in range(40):  # the main thread runs Python, so the handler runs at once
+    time.sleep(0.05)
+print("handled", len(seen))
+"""
+
+
+def test_no_signal_is_resent_once_another_handler_owns_sigint():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", REPLACED], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == ["handled", "1"]
