@@ -126,30 +126,28 @@ def check_draft_fit(paths: list[Path], settings: LoadSettings, plan: MemoryPlan,
                     vram: int | None) -> None:
     """Raise DraftError when a draft model cannot load next to the target `plan` is for: the
     draft gets a context as long as the target's, in the memory the target leaves."""
-    from dataclasses import replace
-
-    from tallow.runtime.errors import DraftError
-
-    left = replace(settings, n_ctx=plan.n_ctx, memory=plan.ram - plan.estimate.ram, mmproj=None, draft=())
     room = None if vram is None else max(0, vram - plan.estimate.vram)
-    problem = plan_memory(paths, left, offload_supported, room).problem
-    if problem is not None:
-        name = settings.draft_name or paths[0].name
-        raise DraftError(f"the draft {name} does not fit next to the model: {problem.message}",
-                         "give a smaller draft model, or a shorter --ctx")
+    _check_draft(paths, settings, plan.n_ctx, plan.ram - plan.estimate.ram, offload_supported, room)
 
 
 def check_draft_room(paths: list[Path], settings: LoadSettings, n_ctx: int, offload: bool) -> None:
     """Raise DraftError when a draft model cannot load now, next to a loaded model of context
     `n_ctx` (`offload`: its layers, hence the draft's, go to a GPU): the memory free now
     already counts the model."""
+    from tallow.runtime.devices import gpu_free_memory
+
+    _check_draft(paths, settings, n_ctx, None, offload, gpu_free_memory() if offload else None)
+
+
+def _check_draft(paths: list[Path], settings: LoadSettings, n_ctx: int, ram: int | None, offload: bool,
+                 vram: int | None) -> None:
+    """The draft planned with the target's context in `ram` (None: what is free now) and `vram`."""
     from dataclasses import replace
 
-    from tallow.runtime.devices import gpu_free_memory
     from tallow.runtime.errors import DraftError
 
-    left = replace(settings, n_ctx=n_ctx, mmproj=None, draft=())
-    problem = plan_memory(paths, left, offload, gpu_free_memory() if offload else None).problem
+    left = replace(settings, n_ctx=n_ctx, memory=ram if ram is not None else settings.memory, mmproj=None, draft=())
+    problem = plan_memory(paths, left, offload, vram).problem
     if problem is not None:
         raise DraftError(f"the draft {settings.draft_name or paths[0].name} does not fit next to the model: "
                          f"{problem.message}", "give a smaller draft model, or a shorter --ctx")
