@@ -23,6 +23,7 @@ measured as it runs (runtime/draft_costs.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tallow.models.draft_pick import VOCAB_SIZE_TOLERANCE
@@ -32,11 +33,12 @@ from tallow.runtime.sequence import Sequence, common_prefix
 from tallow.runtime.types import ContextParams, DraftLimits
 
 FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are control tokens that models name apart
-PROBE_EVERY = 16  # steps without a draft before one token is drafted to measure acceptance again
-PROBE_MOST = 256  # ... doubling after each probe that finds nothing, up to this
+PROBE_EVERY = 32  # steps without a draft before one token is drafted to measure acceptance again
+PROBE_MOST = 512  # ... four times as long after each probe that finds nothing, up to this
 PROBE_WINDOW = 8  # a probe evaluates at most this much of the latest text, not all the draft missed
 SMOOTHING = 0.3  # weight of the latest step in the acceptance estimate
 ALWAYS_RIGHT = 0.99  # the acceptance of a draft that is (nearly) always right: the best a draft can do
+EXPLORE_AT = 0.9  # at this acceptance a lone sequence drafts longer than the timed calls reach, to time them
 
 
 def vocabulary_difference(target, draft) -> str | None:
@@ -54,20 +56,22 @@ def vocabulary_difference(target, draft) -> str | None:
     return None
 
 
-def best_length(acceptance: float, draft_cost: float, limit: int, busy: int = 1, row: float | None = None,
-                first: float | None = None) -> int:
+def best_length(acceptance: float, draft_cost: float, limit: int, busy: int = 1,
+                rows: Callable[[int], float] | None = None, first: float | None = None) -> int:
     """The draft length with the most expected tokens per unit of work, with `busy`
     sequences sharing the step; 0 when none beats plain decoding (one token per unit). A
     busy step is already paid for by its other rows, so a draft's rows cost relatively more:
-    at 8 sequences a row costs 0.89 of a sequence's share and drafting rarely pays. `row`:
-    a measured row cost for that many (else the prior's, row_cost); `first`: the first
-    drafted token's cost, when it differs from the rest's (`draft_cost`)."""
+    at 8 sequences a row costs 0.89 of a sequence's share and drafting rarely pays. `rows`:
+    the measured cost of k verified rows for that many (StepCosts.rows; else the prior's,
+    k row_cost); `first`: the first drafted token's cost, when it differs from the rest's
+    (`draft_cost`)."""
     a = min(max(acceptance, 0.0), 0.999)
-    row = row if row is not None else row_cost(max(1, busy))
+    prior = row_cost(max(1, busy))
+    cost = rows if rows is not None else (lambda k: k * prior)
     first = first if first is not None else draft_cost
     best, best_gain = 0, 1.0
     for k in range(1, limit + 1):
-        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + first + (k - 1) * draft_cost + k * row)
+        gain = (1 - a ** (k + 1)) / (1 - a) / (1 + first + (k - 1) * draft_cost + cost(k))
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -127,8 +131,19 @@ class DraftContext:
             return [[] for _ in wanted]
         began = time.perf_counter()
         rows, evaluated = self._catch_up([d for d, _ in todo])
+        caught_up = time.perf_counter()
         if evaluated <= 2 * len(todo):  # a drafting step's, not a new prompt's or a probe's window
-            self.costs.catch_up(len(todo), (time.perf_counter() - began) * 1000)
+            self.costs.catch_up(len(todo), (caught_up - began) * 1000)
+        self._extend(todo, rows, out)
+        self.costs.drafting((time.perf_counter() - began) * 1000)
+        for d, n in todo:
+            if not out[id(d)]:
+                d.outcome(0, n)  # declined (under p_min): the catch-up was paid for, and nothing was guessed
+        return [out[id(d)] for d, _ in wanted]
+
+    def _extend(self, todo: list[tuple[ModelDrafter, int]], rows: dict[int, int], out: dict[int, list[int]]) -> None:
+        """Draft greedily from each sequence's logit row until its length or p_min, one shared
+        call per further token."""
         n_vocab = self.model.n_vocab
         while todo:
             entries: list[tuple[int, int, int, bool]] = []
@@ -136,7 +151,7 @@ class DraftContext:
             left: list[tuple[ModelDrafter, int]] = []
             for d, n in todo:
                 token, p = _top(self.ctx.logit_row(rows[id(d)], n_vocab))
-                if p < self.limits.p_min:
+                if p < self.limits.p_min and not d.probing:  # a probe's guess is verified however unsure
                     continue
                 out[id(d)].append(token)
                 if len(out[id(d)]) >= n:
@@ -150,7 +165,6 @@ class DraftContext:
                 self.ctx.decode_batch(entries)
                 self.costs.draft_token(len(entries), (time.perf_counter() - began) * 1000)
             rows, todo = nxt, left
-        return [out[id(d)] for d, _ in wanted]
 
     def _catch_up(self, drafters: list[ModelDrafter]) -> tuple[dict[int, int], int]:
         """Evaluate what each sequence's cells lack of its history; returns the batch row of
@@ -222,6 +236,7 @@ class ModelDrafter:
         self.idle = 0  # steps since the last draft
         self.probe_every = 1  # the first step probes; then PROBE_EVERY, doubling while probes find nothing
         self.window = False  # the next catch-up evaluates only the last PROBE_WINDOW tokens
+        self.probing = False  # this step's draft is a probe: one token, proposed whatever p_min says
 
     def extend(self, tokens) -> None:
         self.history.extend(tokens)
@@ -231,29 +246,44 @@ class ModelDrafter:
         share the step."""
         limits = self.owner.limits
         top = min(limits.max, room)
-        costs = self.owner.costs
-        (first, c), r = costs.draft(busy), costs.row(busy)
-        k = max(best_length(self.acceptance, c, top, busy, r, first), min(limits.min, top))
+        self.probing = False
+        k = max(self._best(self.acceptance, top, busy), min(limits.min, top))
+        reach = self.owner.costs.reach(busy)
+        if busy == 1 and self.acceptance >= EXPLORE_AT and reach < top:
+            # Longer drafts' rows have not been timed: drafts that are this often right
+            # double their reach until they have (1, 3, 7, 15 ...), then the times decide.
+            k = max(k, min(top, 2 * max(reach, 1) + 1))
         if k == 0:
             self.idle += 1
-            # Once the costs are measured, a probe of a draft that would not pay even if
-            # always right is cost with nothing to find out.
-            if self.idle < self.probe_every or top < 1 or \
-                    (costs.measured and best_length(ALWAYS_RIGHT, c, top, busy, r, first) == 0):
+            if self.idle < self.probe_every or top < 1 or not self._worth_looking(top, busy):
                 return 0
             # A probe: one token, from a short window of the latest text rather than all that
             # the draft missed; rarer each time it finds nothing (outcome undoes the doubling
             # when it finds something).
-            k = 1
+            k, self.probing = 1, True
             if self.probe_every >= PROBE_EVERY:
-                self.probe_every = min(2 * self.probe_every, PROBE_MOST)
+                self.probe_every = min(4 * self.probe_every, PROBE_MOST)
             self.window = len(self.history) - self.start - len(self.seq.kv) > PROBE_WINDOW
         self.idle = 0
         return k
 
+    def _best(self, acceptance: float, top: int, busy: int) -> int:
+        costs = self.owner.costs
+        first, rest = costs.draft(busy)
+        return best_length(acceptance, rest, top, busy, lambda k: costs.rows(busy, k), first)
+
+    def _worth_looking(self, top: int, busy: int) -> bool:
+        """Whether a draft that is always right could pay: unknown until everything it costs
+        has been timed (a probe of one that could not is cost with nothing to find out)."""
+        return not self.owner.costs.measured(busy, top) or self._best(ALWAYS_RIGHT, top, busy) > 0
+
     def observe_step(self, sequences: int, rows: int, ms: float) -> None:
         """A target decode call that verified (or could have verified) drafts: its cost."""
         self.owner.costs.target_step(sequences, rows, ms)
+
+    def observe_whole(self, sequences: int, call_ms: float, wall_ms: float) -> None:
+        """A whole step, from its drafts to its sampling, whose target call took `call_ms`."""
+        self.owner.costs.whole_step(sequences, call_ms, wall_ms)
 
     def unseen(self) -> list[int]:
         """The history the draft's cells should hold (a window, when a probe asked for one)."""
@@ -268,19 +298,16 @@ class ModelDrafter:
         return self.owner.draft([(self, k)])[0] if k else []
 
     def outcome(self, accepted: int, proposed: int) -> None:
+        """`accepted` of a draft of `proposed` tokens were confirmed (0 of n: the draft model
+        declined all n it was asked for)."""
         if proposed:
             step = accepted / proposed
             self.acceptance += SMOOTHING * (step - self.acceptance)
-            # Right: where a one-token draft that is always right pays, look again at the
+            # Right: while a long draft that is always right could pay, look again at the
             # next step, so that a run of right guesses raises the estimate to where drafting
-            # pays within a few tokens, not a few probes of 16 (where it does not, each such
-            # probe would cost more than it gains). Wrong: every PROBE_EVERY steps, doubling.
+            # pays within a few tokens, not a few probes of 16. Wrong: every PROBE_EVERY
+            # steps, doubling.
             if accepted:
-                self.probe_every = 1 if self._one_pays() else PROBE_EVERY
+                self.probe_every = 1 if self._worth_looking(self.owner.limits.max, 1) else PROBE_EVERY
             elif self.probe_every < PROBE_EVERY:
                 self.probe_every = PROBE_EVERY
-
-    def _one_pays(self) -> bool:
-        costs = self.owner.costs
-        first, rest = costs.draft(1)
-        return best_length(ALWAYS_RIGHT, rest, 1, 1, costs.row(1), first) > 0

@@ -414,13 +414,16 @@ class Engine:
                 sampled, guesses = [(-1, sample(ctx, -1))], 0
                 continue
             drafter.extend(t for _, t in sampled)
+            step_began = time.perf_counter()
             draft = drafter.propose(min(self.n_ctx - base - 1, self.n_batch - 1))
             began = time.perf_counter()
             ctx.decode([token, *draft], seq.next_pos, _SEQ, all_logits=True)
-            drafter.observe_step(1, 1 + len(draft), (time.perf_counter() - began) * 1000)
+            call_ms = (time.perf_counter() - began) * 1000
+            drafter.observe_step(1, 1 + len(draft), call_ms)
             kv.append(token)
             kv.extend(draft)
             accepted, after = settle_draft(seq, run, drafter, draft, lambda i: sample(ctx, i))
+            drafter.observe_whole(1, call_ms, (time.perf_counter() - step_began) * 1000)
             sampled, guesses = [*enumerate(accepted), (len(accepted), after)], len(accepted)
 
     def drafter_for(self, run: OutputStream, seq_id: int):

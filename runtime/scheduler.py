@@ -363,9 +363,11 @@ class Scheduler:
     def _step(self) -> None:
         ctx = self.engine.ctx
         self.engine.pace()
+        step_began = time.perf_counter()
         calls = self._calls()
         if not calls and self.media.busy():
             self.media.wait(0.05)  # nothing to step but an encode: wait for it, not spin
+        decoded: float | None = None
         for entries, wants in calls:
             began = time.perf_counter()
             try:
@@ -374,17 +376,23 @@ class Scheduler:
                 for job in list(self._active):
                     self._fail(job, e)
                 return
-            self._observe(len(entries), wants, began)
+            decoded = self._observe(len(entries), wants, began) if len(calls) == 1 else None
             self.stats.steps += 1
             self._save_points({e[2] for e in entries})
             for row, job in wants:
                 self._sample(job, row)
+        if self.engine.drafts is not None and calls:  # the whole step, drafts to sampling
+            self.engine.drafts.costs.whole_step(len(calls[0][1]), decoded, (time.perf_counter() - step_began) * 1000)
 
-    def _observe(self, rows: int, wants: list[tuple[int, _Job]], began: float) -> None:
-        """A call that only decoded (no prompt in it): its cost, for the draft model's rule."""
+    def _observe(self, rows: int, wants: list[tuple[int, _Job]], began: float) -> float | None:
+        """A call that only decoded (no prompt in it): its cost, for the draft model's rule
+        (None: not such a call)."""
         if self.engine.drafts is not None and rows == sum(1 + len(j.draft) for _, j in wants) \
                 and all(j.run.t_decode_start is not None for _, j in wants):
-            self.engine.drafts.costs.target_step(len(wants), rows, (time.perf_counter() - began) * 1000)
+            ms = (time.perf_counter() - began) * 1000
+            self.engine.drafts.costs.target_step(len(wants), rows, ms)
+            return ms
+        return None
 
     def _save_points(self, seqs: set[int]) -> None:
         """Save the cache points the prefill just reached in a call that decoded `seqs` (see

@@ -69,6 +69,9 @@ class LookupDrafter:
     def observe_step(self, sequences: int, rows: int, ms: float) -> None:
         """A timed decode call (a draft model learns its costs from these; a lookup costs nothing to draft)."""
 
+    def observe_whole(self, sequences: int, call_ms: float, wall_ms: float) -> None:
+        """A whole timed step, drafts to sampling (see observe_step)."""
+
 
 def verify(draft: list[int], sample) -> tuple[list[int], int]:
     """Check a draft evaluated after the last sampled token: `sample(i)` is the model's token

@@ -151,47 +151,54 @@ def test_drafting_stops_when_enough_sequences_share_the_step():
     assert best_length(0.99, 0.05, 16, busy=8) > 0  # an almost always right draft still pays
 
 
-def test_a_draft_that_cannot_pay_is_never_probed():
+def lone_drafter(costs: StepCosts, acceptance: float = 0.2):
     from types import SimpleNamespace
 
-    from tallow.runtime.draft_model import PROBE_EVERY, ModelDrafter
+    from tallow.runtime.draft_model import ModelDrafter
     from tallow.runtime.types import DraftLimits
 
-    owner = SimpleNamespace(limits=DraftLimits(), costs=StepCosts(0.1), sequence=lambda seq: SimpleNamespace(kv=[]))
+    owner = SimpleNamespace(limits=DraftLimits(), costs=costs, sequence=lambda seq: SimpleNamespace(kv=[]))
+    drafter = ModelDrafter(owner, 0, [])
+    drafter.acceptance = acceptance
+    return drafter
+
+
+def test_a_draft_that_cannot_pay_is_never_probed():
+    from tallow.runtime.draft_model import PROBE_EVERY
 
     def probes(drafter, steps: int, right: bool = False) -> list[int]:
         """The steps (from 1) at which the drafter probes, each probe right or wrong as told."""
         seen = []
         for i in range(1, steps + 1):
             if drafter.length(64) == 1:
+                assert drafter.probing  # a probe's one token is proposed whatever p_min says
                 seen.append(i)
                 drafter.outcome(int(right), 1)
                 drafter.acceptance = 0.2  # it has been wrong: no length pays now
         return seen
 
-    drafter = ModelDrafter(owner, 0, [])
-    drafter.acceptance = 0.2
-    # a cheap draft probes at once, then now and then, rarer each time a probe finds nothing
-    assert probes(drafter, 7 * PROBE_EVERY) == [1, 1 + PROBE_EVERY, 1 + 3 * PROBE_EVERY]
-    # a probe that was right is followed by another at the next step, while they are right
-    assert probes(drafter, 4 * PROBE_EVERY + 4, right=True)[-4:] == [4 * PROBE_EVERY + i for i in range(1, 5)]
+    drafter = lone_drafter(StepCosts(0.1))
+    # a cheap draft probes at once, then now and then, four times rarer each time a probe finds nothing
+    assert probes(drafter, 7 * PROBE_EVERY) == [1, 1 + PROBE_EVERY, 1 + 5 * PROBE_EVERY]
+    # a probe that was right is followed by another at the next step, while a draft could pay
+    seen = probes(drafter, 16 * PROBE_EVERY, right=True)
+    assert len(seen) >= 4 and seen[-4:] == [16 * PROBE_EVERY - i for i in (3, 2, 1, 0)]
     assert probes(drafter, 2 * PROBE_EVERY) == [1, 1 + PROBE_EVERY]  # wrong again: every PROBE_EVERY steps
-    # measured: a draft token at 0.7 of a decode and a row at 0.5 would not pay even if always right
-    owner.costs = measured(plain=10.0, verify_one=15.0, draft=7.0)
-    assert probes(ModelDrafter(owner, 0, []), 8 * PROBE_EVERY) == []
-    # where one right token does not pay (measured here: its first token 1.1 decodes, a row 0.3)
-    # but sixteen would, a right probe is not followed by another at once: each would cost more
-    owner.costs = measured(plain=28.6, verify_one=28.6 * 1.3, draft=16.0, catch_up=32.0)
-    assert probes(ModelDrafter(owner, 0, []), 2 * PROBE_EVERY, right=True) == [1, 1 + PROBE_EVERY]
+    # measured up to sixteen rows: a draft token at 0.7 of a decode and each row at 0.5 would
+    # not pay even if always right, so nothing is probed, right or not
+    assert probes(lone_drafter(measured(plain=10.0, row=5.0, draft=7.0)), 8 * PROBE_EVERY, right=True) == []
+    # where one right token does not pay but sixteen would, a right probe is followed at once
+    costs = measured(plain=15.9, row=3.1, draft=6.6, catch_up=12.3)
+    assert probes(lone_drafter(costs), 8, right=True) == list(range(1, 9))
 
 
-def measured(plain: float, verify_one: float, draft: float, catch_up: float | None = None) -> StepCosts:
-    """Costs as a lone sequence's timed calls give them (ms): a plain step, a step verifying
-    one drafted token, a draft call for a further token, and the catch-up call (by default
-    the same)."""
+def measured(plain: float, row: float, draft: float, catch_up: float | None = None, longest: int = 16) -> StepCosts:
+    """Costs as a lone sequence's timed calls give them (ms): a plain step, each verified row
+    (timed at one and at `longest`), a draft call for a further token, and the catch-up call
+    (by default the same)."""
     costs = StepCosts(0.36)
-    costs.target_step(1, 1, plain)
-    costs.target_step(1, 2, verify_one)
+    for rows in (1, 2, 1 + longest):
+        costs.target_step(1, rows, plain + (rows - 1) * row)
     costs.catch_up(1, draft if catch_up is None else catch_up)
     costs.draft_token(1, draft)
     return costs
@@ -199,23 +206,61 @@ def measured(plain: float, verify_one: float, draft: float, catch_up: float | No
 
 def test_the_costs_are_measured_as_it_runs():
     costs = StepCosts(0.36)
-    assert not costs.measured and costs.draft(1) == (0.36, 0.36) and costs.row(1) == 0.5  # the priors, until seen
-    # an F16 target (28.6 ms a token here) and its Q4_1 draft: 16 ms a token, but 32 ms for the
-    # two-token catch-up (llama.cpp's CPU kernels take two rows at twice the cost of one)
-    costs = measured(plain=28.6, verify_one=28.6 * 1.3, draft=16.0, catch_up=32.0)
-    assert costs.measured and costs.row(1) == pytest.approx(0.3)
-    assert costs.draft(1) == pytest.approx((32.0 / 28.6, 16.0 / 28.6))
-    # the first token's cost is paid once a draft: at 1 token it does not pay, at 16 it does
+    assert not costs.measured(1, 16) and costs.draft(1) == (0.36, 0.36) and costs.rows(1, 2) == 1.0  # the priors
+    # an F16 target and its Q4_1 draft on 2 cores: rows cost less each the more there are
+    # (17 rows: 4.2 decodes), and the draft's catch-up (two tokens) costs 0.77 of a decode
+    for rows, ms in ((1, 15.9), (2, 21.3), (4, 30.1), (8, 41.3), (17, 67.0)):
+        costs.target_step(1, rows, ms)
+    costs.catch_up(1, 12.3)
+    assert costs.rows(1, 1) == pytest.approx(5.4 / 15.9) and costs.rows(1, 16) == pytest.approx(51.1 / 15.9)
+    assert costs.call_ms(12) == pytest.approx(41.3 + (67.0 - 41.3) * 4 / 9)  # between measured counts
+    assert costs.call_ms(20) == pytest.approx(67.0 + 3 * (67.0 - 41.3) / 9)  # past them, at the last slope
+    assert costs.draft(1) == pytest.approx((12.3 / 15.9, 12.3 / 15.9))  # a further token as the first, until timed
+    costs.draft_token(1, 6.6)
     first, rest = costs.draft(1)
-    assert best_length(0.99, rest, 1, row=costs.row(1), first=first) == 0
-    assert best_length(0.99, rest, 16, row=costs.row(1), first=first) > 8
-    costs.target_step(1, 5, 28.6 + 4 * 8.58)  # four rows at 8.58 ms each: the same
-    assert costs.row(1) == pytest.approx(0.3)
-    costs.target_step(4, 4, 40.0)  # four sequences share a 40 ms step: 10 ms each, so a row is 0.86 of a share
-    assert costs.row(4) == pytest.approx(0.858) and costs.draft(4) == (0.36, 0.36)  # no draft call for four yet
+    assert rest == pytest.approx(6.6 / 15.9) and costs.measured(1, 16)
+    # one drafted token does not pay, sixteen that are nearly always right do
+    assert best_length(0.99, rest, 1, rows=lambda k: costs.rows(1, k), first=first) == 0
+    assert best_length(0.99, rest, 16, rows=lambda k: costs.rows(1, k), first=first) >= 12
+    # three sequences share a 30 ms step: until a draft call for three is timed, a lone one's
+    # stands, unshared (10 ms each, so 1.23 of a share)
+    costs.target_step(3, 3, 30.0)
+    assert costs.draft(3)[0] == pytest.approx(12.3 * 3 / 30.0) and costs.measured(3, 16)
+    costs.catch_up(3, 20.0)
+    assert costs.draft(3)[0] == pytest.approx(20.0 / 30.0)
     # where rows cost little (a GPU), drafts grow longer than the CPU prior allows
-    gpu = measured(plain=10.0, verify_one=10.2, draft=1.0)
-    assert best_length(0.9, gpu.draft(1)[1], 16, row=gpu.row(1)) > best_length(0.9, 0.1, 16) > 0
+    gpu = measured(plain=10.0, row=0.2, draft=1.0)
+    assert best_length(0.9, gpu.draft(1)[1], 16, rows=lambda k: gpu.rows(1, k)) > best_length(0.9, 0.1, 16) > 0
+
+
+def test_whole_steps_scale_what_the_calls_say():
+    costs = measured(plain=16.0, row=4.0, draft=8.0)
+    costs.whole_step(1, 16.0, 17.0)  # a plain step: 1 ms of sampling and Python around the call
+    costs.drafting(8.0)  # a drafted step: the draft's 8 ms and 4 ms of a row more, but 18 ms beyond a plain one
+    costs.whole_step(1, 20.0, 35.0)
+    assert costs.scale == pytest.approx(1.1)  # from its prior of 1, a fifth of the way
+    for _ in range(40):
+        costs.drafting(8.0)
+        costs.whole_step(1, 20.0, 35.0)
+    assert costs.scale == pytest.approx(1.5, abs=1e-3) and costs.rows(1, 1) == pytest.approx(costs.scale * 4.0 / 16.0)
+    before = costs.scale
+    costs.drafting(8.0)
+    costs.whole_step(1, None, 90.0)  # a step that evaluated a prompt too says nothing
+    assert costs.scale == before and costs.pending_ms == 0.0
+
+
+def test_a_lone_sequence_that_is_right_times_longer_drafts():
+    costs = measured(plain=15.9, row=5.4, draft=11.0, longest=1)  # a row timed only once: it looks dear
+    drafter = lone_drafter(costs, acceptance=0.95)
+    lengths = []
+    for _ in range(5):
+        k = drafter.length(64)
+        lengths.append(k)
+        costs.target_step(1, 1 + k, 15.9 + 3.1 * k)  # the rows it verified, timed
+    assert lengths[:4] == [3, 7, 15, 16]  # its reach doubles to the cap, then the times decide
+    first, rest = costs.draft(1)
+    assert lengths[4] == best_length(0.95, rest, 16, rows=lambda k: costs.rows(1, k), first=first) == 3
+    assert lone_drafter(costs, acceptance=0.95).length(64, busy=2) < 16  # never explored with others in the step
 
 
 def test_draft_auto_picks_a_small_stored_model_of_the_same_vocabulary(pair, tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ in one run, rounds alternating:
   >= 1.0x of its decode speed);
 - 8 concurrent streams of 64 tokens: aggregate with drafting >= 0.95x of without.
 
-    python tests/benchmarks/draft.py [--rounds 3]
+    python tests/benchmarks/draft.py [--rounds 5]
 
 Each figure comes with the acceptance and the mean draft length. Both sides use 2 threads,
 flash attention on and no weight repacking; every server binds loopback only. Exits 1 when a
@@ -88,7 +88,7 @@ def main() -> int:
     from benchmarks.llamabench import llama_tool, tallow_env
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="tallow-draft-bench-"))
     env = tallow_env(home, TALLOW_CPU_REPACK="off")
