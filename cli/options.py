@@ -24,6 +24,8 @@ MainGpu = Annotated[int, typer.Option("--main-gpu", min=0, help="With --split-mo
 SplitMode = Annotated[str, typer.Option("--split-mode", help="Over several GPUs: none (one GPU), layer (whole layers each) or row.")]
 TensorSplit = Annotated[Optional[str], typer.Option("--tensor-split", help="Each GPU's share of the model, comma-separated (e.g. 3,1) [default: by free memory].", show_default=False)]
 FlashAttn = Annotated[str, typer.Option("--flash-attn", help="Flash attention: auto (from this machine's measurements, per context), on or off.")]
+CacheTypeK = Annotated[str, typer.Option("--cache-type-k", "--ctk", help="The KV cache's K type: f16, bf16, f32, q8_0, q5_1, q5_0, q4_1, q4_0 or iq4_nl (a quantized cache holds a longer context in the same memory).")]
+CacheTypeV = Annotated[str, typer.Option("--cache-type-v", "--ctv", help="The KV cache's V type, as --cache-type-k; a quantized V needs flash attention (auto turns it on).")]
 Offline = Annotated[bool, typer.Option("--offline", help="Never open a network connection (also TALLOW_OFFLINE=1).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of text.")]
 JsonList = Annotated[bool, typer.Option("--json", help="Print a JSON array on stdout (one object per entry) instead of text.")]
@@ -95,10 +97,37 @@ def refuse_local(given: dict[str, bool]) -> None:
                                      param_hint=flag)
 
 
-def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
+def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str, type_k: str = "f16",
+                  type_v: str = "f16"):
+    from dataclasses import replace
+
     from tallow.cli.machine import load_settings as checked_load
 
-    return checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
+    load = checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
+    return replace(load, type_k=type_k, type_v=type_v) if (type_k, type_v) != ("f16", "f16") else load
+
+
+def cache_types(type_k: str, type_v: str, flash_attn: str, where: str = "") -> tuple[str, str, str]:
+    """The KV cache types, checked, and the flash attention they need: a quantized V cache
+    works only with flash attention in llama.cpp, so "auto" becomes "on" (with a note) and
+    "off" is refused. `where`: the flags' context in messages (a served model's name)."""
+    from tallow.cli.render import err_console
+    from tallow.models.memory import KV_TYPES, UNQUANTIZED_KV
+
+    type_k, type_v, flash_attn = type_k.lower(), type_v.lower(), parse_flash_attn(flash_attn)
+    for value, flag in ((type_k, "--cache-type-k"), (type_v, "--cache-type-v")):
+        if value not in KV_TYPES:
+            raise typer.BadParameter(f"unknown KV cache type {value!r}{where}: use one of {', '.join(KV_TYPES)}",
+                                     param_hint=flag)
+    if type_v not in UNQUANTIZED_KV:
+        if flash_attn == "off":
+            raise typer.BadParameter(f"a quantized V cache ({type_v}{where}) needs flash attention: drop "
+                                     "--flash-attn off, or keep V at f16", param_hint="--cache-type-v")
+        if flash_attn == "auto":
+            err_console().print(f"note: flash attention on{where}: a quantized V cache ({type_v}) needs it",
+                                markup=False, highlight=False)
+            flash_attn = "on"
+    return type_k, type_v, flash_attn
 
 
 def read_media(images: list[str] | None, audio: list[str] | None) -> list:

@@ -31,14 +31,37 @@ def available_memory() -> int:
     return psutil.virtual_memory().available
 
 
+KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")  # llama.cpp's -ctk/-ctv choices
+UNQUANTIZED_KV = ("f16", "bf16", "f32")  # a V cache of any other type needs flash attention
+
+
+def kv_type_id(name: str) -> int:
+    """ggml's number for a KV cache type ('f16', 'q8_0', ...); a one-line error for another."""
+    from gguf import GGMLQuantizationType
+
+    if name not in KV_TYPES:
+        raise TallowError(f"unknown KV cache type {name!r}", f"use one of {', '.join(KV_TYPES)}")
+    return int(GGMLQuantizationType[name.upper()])
+
+
+def kv_type_problem(shape: Shape, type_k: str, type_v: str) -> str | None:
+    """Why the model's KV cache cannot take these types, in words (a quantized type packs its
+    values in blocks, and llama.cpp needs each head's row to be whole blocks); None: it can."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for what, name, width in (("K", type_k, shape.head_widths[0]), ("V", type_v, shape.head_widths[1])):
+        block = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0]
+        if width and width % block:
+            return f"the model's {what} heads are {width} values wide, and {name} packs {block} at a time"
+    return None
+
+
 def _type_size(name: str) -> float:
     """Bytes per element of a KV cache type ('f16', 'q8_0', ...)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    try:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
-    except KeyError:
-        raise TallowError(f"unknown KV cache type {name!r}", "use f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1") from None
+    kv_type_id(name)
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
     return size / block
 
 
@@ -55,6 +78,7 @@ class Shape:
     layer_bytes: tuple[int, ...]  # weights of each block
     other_bytes: int  # embeddings, output matrix, norms
     n_params: int = 0
+    head_widths: tuple[int, int] = (0, 0)  # a K head's and a V head's values (0: not known)
 
     @property
     def weights(self) -> int:
@@ -92,7 +116,7 @@ class Shape:
                 else:
                     other += t.n_bytes
         return cls(n_layer, n_embd, n_head, n_head_kv * (k_len + v_len), n_vocab,
-                   num("context_length", 0), tuple(layers), other, n_params)
+                   num("context_length", 0), tuple(layers), other, n_params, (k_len, v_len))
 
 
 @dataclass(frozen=True)

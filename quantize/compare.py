@@ -12,26 +12,42 @@ from tallow.runtime.types import LoadSettings
 
 def compare_models(models: list[LocalModel], load: LoadSettings, text: str | None, n_ctx: int, chunks: int | None,
                    with_base: bool, with_speed: bool,
-                   on_progress: Callable[[str, int, int], None] | None = None) -> list[EvalResult]:
-    """Evaluate each model on the same windows; with_base: KL divergence from the first."""
+                   on_progress: Callable[[str, int, int], None] | None = None,
+                   kv: tuple[str, str] | None = None) -> list[EvalResult]:
+    """Evaluate each model on the same windows; with_base: KL divergence from the first.
+    `kv`: the KV cache types (K, V) to evaluate every model with, after the first model with
+    `load`'s own (f16), which is then the base: a row per model at those types."""
     from dataclasses import replace
 
+    load = replace(load, n_ctx=n_ctx)
+    entries = [(m, load, m.name) for m in models]
+    if kv is not None:
+        quantized = replace(load, type_k=kv[0], type_v=kv[1])
+        entries = [(models[0], load, f"{models[0].name} (KV {load.type_k}/{load.type_v})")]
+        entries += [(m, quantized, f"{m.name} (KV {kv[0]}/{kv[1]})") for m in models]
+        with_base = True
+    return _evaluate_all(entries, text, n_ctx, chunks, with_base, with_speed, on_progress)
+
+
+def _evaluate_all(entries: list[tuple[LocalModel, LoadSettings, str]], text: str | None, n_ctx: int,
+                  chunks: int | None, with_base: bool, with_speed: bool,
+                  on_progress: Callable[[str, int, int], None] | None) -> list[EvalResult]:
     from tallow.runtime.engine import Engine
 
     body = text if text is not None else shipped_text()
-    load = replace(load, n_ctx=n_ctx)
     results = []
-    base_engine = Engine(models[0].paths, load) if with_base else None
+    base_engine = Engine(entries[0][0].paths, entries[0][1]) if with_base else None
     try:
-        for i, m in enumerate(models):
-            progress = (lambda d, t, name=m.name: on_progress(name, d, t)) if on_progress else None
+        for i, (m, load, label) in enumerate(entries):
+            progress = (lambda d, t, name=label: on_progress(name, d, t)) if on_progress else None
             engine = base_engine if (base_engine is not None and i == 0) else Engine(m.paths, load)
             try:
-                r = evaluate(engine, m.name, body, n_ctx, chunks, base_engine if (with_base and i > 0) else None, progress)
+                r = evaluate(engine, label, body, n_ctx, chunks, base_engine if (with_base and i > 0) else None, progress)
                 if with_base and i == 0:
                     r.kld, r.kld_se, r.top1 = 0.0, 0.0, 1.0
                 infos = [read_gguf(p) for p in m.paths]
                 r.size, r.params = sum(x.size for x in infos), sum(x.n_params for x in infos)
+                r.type_k, r.type_v = load.type_k, load.type_v
                 if with_speed:
                     r.decode_tps = decode_speed(engine)
             finally:

@@ -36,6 +36,8 @@ class EvalResult:
     size: int = 0
     params: int = 0
     decode_tps: float | None = None
+    type_k: str = "f16"  # the KV cache types it was evaluated with
+    type_v: str = "f16"
 
     @property
     def bits_per_weight(self) -> float:

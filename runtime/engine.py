@@ -18,6 +18,7 @@ from tallow.runtime.errors import ContextOverflow, DraftError
 from tallow.runtime.loadplan import (
     check_draft_fit,
     check_draft_room,
+    check_kv_types,
     choose_flash_attn,
     context_notes,
     default_context,
@@ -50,6 +51,7 @@ class Engine:
         offload = backend.supports_gpu_offload()
         self.fit_note = self.estimate = None
         shape = read_shape(paths) if settings.check_memory or settings.flash_attn == "auto" else None
+        check_kv_types(paths, settings, shape)
         self.flash_attn = choose_flash_attn(settings, shape, offload)
         # The encoder's attention runs flash unless told off: it never materialises the scores
         # of every patch pair, which for a large picture are gigabytes (docs/DESIGN.md, "Media").
@@ -193,7 +195,8 @@ class Engine:
         """What this load decided, for --json: "auto" flash attention is the calibration's choice
         for the context's work on the CPU, and llama.cpp's own where layers run on a GPU."""
         return {"flash_attn": self.flash_attn, "gpu_layers": self.offloaded_layers, "extra_buffers": self.extra_buffers,
-                "n_ctx": self.n_ctx, "threads": self.n_threads, "threads_rule": self.thread_rule}
+                "n_ctx": self.n_ctx, "threads": self.n_threads, "threads_rule": self.thread_rule,
+                "type_k": self._settings.type_k, "type_v": self._settings.type_v}
 
     def logprob_entries(self, tokens: list[TokenEvent]) -> list[dict[str, Any]]:
         """The tokens' log-probabilities as the API gives them (`logprobs.content`)."""

@@ -52,6 +52,19 @@ def read_shape(paths: list[Path]):
     return Shape.from_gguf([read_gguf(p) for p in paths])
 
 
+def check_kv_types(paths: list[Path], settings: LoadSettings, shape=None) -> None:
+    """Refuse KV cache types the model's heads cannot hold, before llama.cpp fails to make a
+    context without saying why."""
+    from tallow.models.memory import kv_type_problem
+
+    if (settings.type_k, settings.type_v) == ("f16", "f16"):
+        return
+    problem = kv_type_problem(shape or read_shape(paths), settings.type_k, settings.type_v)
+    if problem is not None:
+        raise TallowError(f"the KV cache cannot be {settings.type_k}/{settings.type_v}: {problem}",
+                          "use --cache-type-k/--cache-type-v f16 (or a type whose block fits)")
+
+
 def choose_flash_attn(settings: LoadSettings, shape, offload_supported: bool = False) -> str:
     """--flash-attn, or for "auto" what this machine's timings say suits the context's work.
     Where the layers go to a GPU the CPU's timings say nothing: "auto" is left to llama.cpp,

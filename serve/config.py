@@ -59,6 +59,8 @@ class RunnerConfig:
     split_mode: str = "layer"
     tensor_split: str | None = None
     flash_attn: str = "auto"
+    type_k: str = "f16"  # the KV cache's types (serve --cache-type-k/v, or per model)
+    type_v: str = "f16"
     no_cache: bool = False
     mmproj: str | None = None  # the model's projector, for images in requests
     media_urls: bool = False  # fetch http(s) media URLs (serve --allow-media-urls; never when offline)

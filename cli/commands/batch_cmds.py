@@ -28,6 +28,8 @@ def batch(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     flash_attn: o.FlashAttn = "auto",
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
     draft: o.Draft = None,
     draft_max: o.DraftMax = 16,
     draft_min: o.DraftMin = 0,
@@ -65,11 +67,14 @@ def batch(
     if remote:
         o.refuse_local({"--deterministic": deterministic, "--kv-unified": kv_unified, "--ctx": ctx is not None,
                         "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min),
+                        "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
+                        "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min),
                         "--tool-format": tool_format != "auto", "--no-cache": no_cache, "--mmproj": mmproj is not None})
     for flag, used in (("--retries", retries != 6), ("--affinity-chars", affinity_chars != 512)):
         if used and not remote:
             raise typer.BadParameter("this spreads requests over servers: give --endpoint", param_hint=flag)
+    else:
+        cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
     forced_format = o.parse_tool_format(tool_format)
     if not input.is_file():
         raise typer.BadParameter(f"{input} is not a readable file", param_hint="INPUT")
@@ -86,7 +91,8 @@ def batch(
             stats = _remote(remote, model, parallel, max_tokens, retries, affinity_chars, input, out, previous, total)
         _report(stats, input, output)
         return
-    load = replace(o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft), mmproj=o.checked_mmproj(mmproj))
+    load = o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k, cache_type_v)
+    load = replace(o.with_draft(load, draft), mmproj=o.checked_mmproj(mmproj))
     load = o.draft_model(load, draft, offline, draft_max, draft_min, draft_p_min, target=model)
     with out:
         name, sched = open_scheduler(model, load, offline,

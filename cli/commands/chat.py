@@ -53,6 +53,8 @@ def chat(
     split_mode: o.SplitMode = "layer",
     tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
     raw: o.Raw = False,
     mmproj: o.Mmproj = None,
     on_overflow: o.OnOverflow = "drop",
@@ -82,14 +84,18 @@ def chat(
     if remote:
         o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
                         "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
+                        "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
+                        "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None})
     grammar, schema = o.structured(format_, json_schema)
     chat_settings = ChatSettings(replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                               repeat_penalty=repeat_penalty, seed=seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar)
-    load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn), draft)
+    if not remote:
+        cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
+    load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k,
+                                                            cache_type_v), draft)
     if load is not None:
         load = replace(load, mmproj=o.checked_mmproj(mmproj),
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))

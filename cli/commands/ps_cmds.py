@@ -93,14 +93,16 @@ def ps(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "PARALLEL", "UNTIL", "PID"):
+    for col in ("NAME", "SIZE", "PROCESSOR", "CONTEXT", "PARALLEL", "KV CACHE", "UNTIL", "PID"):
         table.add_column(col)
     for m in models:
         size, vram = m.get("size") or 0, m.get("size_vram") or 0
         gpu = round(100 * vram / size) if size else 0
         where = "100% CPU" if gpu == 0 else "100% GPU" if gpu == 100 else f"{100 - gpu}%/{gpu}% CPU/GPU"
+        kv = m.get("kv_cache") or {}
+        types = "/".join(dict.fromkeys((kv.get("type_k", "-"), kv.get("type_v", "-"))))  # one name when both agree
         table.add_row(m["name"], human_bytes(size), where, str(m.get("context_length") or "-"),
-                      str(m.get("parallel") or "-"), _until(m.get("expires_at")), str(m.get("pid") or "-"))
+                      str(m.get("parallel") or "-"), types, _until(m.get("expires_at")), str(m.get("pid") or "-"))
     if not models:
         out_console().print("no models loaded", highlight=False)
         return

@@ -127,6 +127,8 @@ def eval_models(
     chunks: Optional[int] = typer.Option(None, "--chunks", min=1, help="Score at most this many windows.", show_default=False),
     kl_base: Optional[str] = typer.Option(None, "--kl-base", help="Also measure KL divergence from this model.", show_default=False),
     compare: bool = typer.Option(False, "--compare", help="Print the trade-off table (implied by several models)."),
+    cache_type_k: Optional[str] = typer.Option(None, "--cache-type-k", "--ctk", help="Also evaluate with this KV cache K type, against the first model at f16 (as tallow run takes it).", show_default=False),
+    cache_type_v: Optional[str] = typer.Option(None, "--cache-type-v", "--ctv", help="... and this V type (a quantized V turns flash attention on for every row).", show_default=False),
     threads: o.Threads = None,
     as_json: o.Json = False,
     offline: o.Offline = False,
@@ -134,20 +136,33 @@ def eval_models(
     """Measure perplexity and KL divergence on a text.
 
     With several models, the first is the base the others' KL divergence is measured from.
+    With --cache-type-k/-v, the first model at an f16 KV cache is the base, and every model
+    gets a row at those types.
 
     Example: tallow eval smollm2:135m-f16 smollm2:135m-Q8_0 smollm2:135m-Q4_K_M
     """
     from tallow.quantize.compare import compare_models
 
     body = text.read_text(encoding="utf-8", errors="replace") if text else None
+    kv = None
+    if cache_type_k is not None or cache_type_v is not None:
+        if kl_base:
+            raise typer.BadParameter("the KV rows are measured against the first model at f16; drop --kl-base",
+                                     param_hint="--cache-type-k")
+        type_k, type_v, _ = o.cache_types(cache_type_k or "f16", cache_type_v or "f16", "on")
+        kv = (type_k, type_v)
     names = ([kl_base] if kl_base else []) + list(models)
     local = [find_model(m, offline=offline) for m in names]
+    # flash attention on for every row when a V cache is quantized: the rows then differ by the types alone
+    from tallow.models.memory import UNQUANTIZED_KV
+
+    flash = "on" if kv is not None and kv[1] not in UNQUANTIZED_KV else "auto"
     results = _with_eval_progress(lambda progress: compare_models(
-        local, o.load_settings(ctx, threads, "auto", "auto"), body, ctx, chunks,
-        with_base=bool(kl_base) or len(models) > 1, with_speed=compare or len(models) > 1, on_progress=progress))
+        local, o.load_settings(ctx, threads, "auto", flash), body, ctx, chunks,
+        with_base=bool(kl_base) or len(models) > 1, with_speed=compare or len(models) > 1, on_progress=progress, kv=kv))
     if kl_base:
         results = results[1:]
-    _print_results(results, as_json, table=compare or len(models) > 1)
+    _print_results(results, as_json, table=compare or len(models) > 1 or kv is not None)
 
 
 def _with_eval_progress(work):
@@ -180,14 +195,15 @@ def _print_results(results, as_json: bool, table: bool) -> None:
             line += f"; KL divergence {r.kld:.5f} ± {r.kld_se:.5f}; top-1 agreement {r.top1:.1%}"
         sys.stdout.write(line + "\n")
         return
-    head = f"{'model':<28} {'size':>9} {'bpw':>6} {'perplexity':>18} {'Δppl':>8} {'KLD':>9} {'top-1':>7} {'tok/s':>7}\n"
+    width = max(28, *(len(r.model) for r in results))
+    head = f"{'model':<{width}} {'size':>9} {'bpw':>6} {'perplexity':>18} {'Δppl':>8} {'KLD':>9} {'top-1':>7} {'tok/s':>7}\n"
     sys.stdout.write(head)
     for r in results:
         dppl = (r.ppl / base.ppl - 1) * 100
         kld = f"{r.kld:.5f}" if r.kld is not None else "-"
         top1 = f"{r.top1:.1%}" if r.top1 is not None else "-"
         tps = f"{r.decode_tps:.1f}" if r.decode_tps else "-"
-        sys.stdout.write(f"{r.model:<28} {human_bytes(r.size):>9} {r.bits_per_weight:6.2f} "
+        sys.stdout.write(f"{r.model:<{width}} {human_bytes(r.size):>9} {r.bits_per_weight:6.2f} "
                          f"{r.ppl:9.4f} ± {r.ppl_se:6.4f} {dppl:+7.2f}% {kld:>9} {top1:>7} {tps:>7}\n")
 
 

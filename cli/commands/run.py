@@ -57,6 +57,8 @@ def run(
     split_mode: o.SplitMode = "layer",
     tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
     raw: o.Raw = False,
     image: o.Image = None,
     audio: o.Audio = None,
@@ -97,7 +99,8 @@ def run(
     if remote:
         o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
                         "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
+                        "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
+                        "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
                         "--image": bool(image), "--audio": bool(audio),
                         "--mmproj": mmproj is not None, "--n": n > 1})
@@ -118,7 +121,9 @@ def run(
     if n > 1 and interactive:
         raise typer.BadParameter("several answers need a PROMPT (a chat answers each turn once)", param_hint="--n")
     text, document = (None, None) if interactive else (prompt, None) if stdin_media else read_prompt(prompt)
-    load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn)
+    if not remote:
+        cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
+    load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k, cache_type_v)
     if load is not None:
         load = replace(load, mmproj=o.checked_mmproj(mmproj),
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))

@@ -44,7 +44,7 @@ def runner(
         c = RunnerConfig.from_json(config)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
-    load = o.with_draft(o.load_settings(c.ctx, c.threads, c.gpu_layers, c.flash_attn), c.draft)
+    load = o.with_draft(o.load_settings(c.ctx, c.threads, c.gpu_layers, c.flash_attn, c.type_k, c.type_v), c.draft)
     load = replace(load, placement=o.placement(c.device, c.main_gpu, c.split_mode, c.tensor_split))
     if c.mmproj is not None:
         load = replace(load, mmproj=Path(c.mmproj))
@@ -90,6 +90,7 @@ def _config(c: RunnerConfig, name: str, engine, crash=None):
 def _ready(name: str, engine, **shape) -> dict:
     return {"model": name, "pid": os.getpid(), **shape, "load_ms": round(engine.load_ms, 3),
             "threads": engine.n_threads, "gpu_layers": engine.gpu_layers,
+            "kv_cache": {k: engine.load_facts()[k] for k in ("type_k", "type_v")},
             "memory": engine.estimate.to_dict() if engine.estimate else {}}
 
 

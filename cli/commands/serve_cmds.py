@@ -42,6 +42,8 @@ def serve(
     split_mode: o.SplitMode = "layer",
     tensor_split: o.TensorSplit = None,
     flash_attn: o.FlashAttn = "auto",
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
     draft: o.Draft = None,
     draft_max: o.DraftMax = 16,
     draft_min: o.DraftMin = 0,
@@ -56,7 +58,7 @@ def serve(
     max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
-    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup' (repeatable).", show_default=False),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup cache_type_k=T cache_type_v=T' (repeatable).", show_default=False),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
     offline: o.Offline = False,
 ) -> None:
@@ -95,7 +97,8 @@ def serve(
         budget = settings.parse_size(memory_budget)
         if not budget:
             raise typer.BadParameter("give a size such as 8GB or 512MiB", param_hint="--memory-budget")
-    per_model = _model_options(model_option or [], drafts)
+    cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
+    per_model = _model_options(model_option or [], drafts, (cache_type_k, cache_type_v, flash_attn))
     drafts.check_limits(draft)
     place = o.placement(device, main_gpu, split_mode, tensor_split)  # checked here; each runner makes its own
     if place.devices:
@@ -107,7 +110,8 @@ def serve(
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
         base = RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
                             device=device, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,
-                            flash_attn=o.parse_flash_attn(flash_attn), draft=o.parse_draft(draft), draft_files=draft_files,
+                            flash_attn=flash_attn, type_k=cache_type_k, type_v=cache_type_v,
+                            draft=o.parse_draft(draft), draft_files=draft_files,
                             draft_name=draft_name,
                             draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min, deterministic=deterministic,
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
@@ -185,7 +189,8 @@ def _keep_alive(text: str) -> float | None:
         raise typer.BadParameter(str(exc), param_hint="--keep-alive") from exc
 
 
-def _model_options(values: list[str], drafts: _Drafts) -> dict[str, dict]:
+def _model_options(values: list[str], drafts: _Drafts, kv: tuple[str, str, str]) -> dict[str, dict]:
+    """Each --model-option's settings, checked; `kv`: serve's own KV types and flash attention."""
     out: dict[str, dict] = {}
     for value in values:
         name, *pairs = value.split()
@@ -194,6 +199,9 @@ def _model_options(values: list[str], drafts: _Drafts) -> dict[str, dict]:
             k, _, v = pair.partition("=")
             if k == "draft" and v:
                 opts.update(drafts.option(v, name))
+                continue
+            if k in ("cache_type_k", "cache_type_v") and v:
+                opts["type_" + k[-1]] = v
                 continue
             if k == "gpu_layers" and (v in ("auto", "all") or v.isdigit()):
                 opts[k] = v
@@ -204,9 +212,12 @@ def _model_options(values: list[str], drafts: _Drafts) -> dict[str, dict]:
                 continue
             if k not in ("parallel", "ctx") or not v.isdigit() or int(v) < 1:
                 raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers), gpu_layers=auto|all|N, "
-                                         "device=NAMES or draft=MODEL|lookup",
+                                         "device=NAMES, draft=MODEL|lookup, cache_type_k=TYPE or cache_type_v=TYPE",
                                          param_hint="--model-option")
             opts[k] = int(v)
+        if "type_k" in opts or "type_v" in opts:
+            kv_types = o.cache_types(opts.get("type_k", kv[0]), opts.get("type_v", kv[1]), kv[2], f" for {name}")
+            opts.update(type_k=kv_types[0], type_v=kv_types[1], flash_attn=kv_types[2])
         if not opts:
             raise typer.BadParameter(f"{value!r} sets nothing: write 'MODEL parallel=N ctx=N gpu_layers=N'",
                                      param_hint="--model-option")
@@ -280,7 +291,7 @@ def _need(local, conf: RunnerConfig):
     from tallow.runtime.loadplan import plan_memory
     from tallow.serve.front.pool import Need
 
-    load = o.load_settings(conf.ctx, conf.threads, conf.gpu_layers, conf.flash_attn)
+    load = o.load_settings(conf.ctx, conf.threads, conf.gpu_layers, conf.flash_attn, conf.type_k, conf.type_v)
     load = replace(load, n_seq_max=conf.parallel, mmproj=local.mmproj)
     vram = gpu_free_memory()
     plan = plan_memory(local.paths, load, offload_supported=vram is not None, vram=vram)

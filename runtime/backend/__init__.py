@@ -13,6 +13,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from tallow.common.errors import TallowError
 from tallow.runtime import interrupt
 from tallow.runtime.errors import BackendError
 from tallow.runtime.types import ContextParams, Placement, SamplerParams  # noqa: F401 - Context's, Model's, Sampler's
@@ -156,10 +157,12 @@ def _load_from_splits():
 
 
 def _ggml_type(name: str) -> int:
-    value = getattr(C, f"GGML_TYPE_{name.upper()}", None)
-    if value is None:
-        raise BackendError(f"unknown KV cache type {name!r}", "use f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1")
-    return value
+    from tallow.models.memory import kv_type_id
+
+    try:
+        return kv_type_id(name)
+    except TallowError as exc:
+        raise BackendError(exc.message, exc.hint) from None
 
 
 def json_grammar() -> str:

@@ -113,7 +113,7 @@ class FrontApp:
         return {"name": r.name, "model": r.name, "size": size, "digest": local.sha256 or "",
                 "details": self.registry.details(local), "expires_at": expires, "size_vram": vram,
                 "context_length": r.info.get("capacity"), "parallel": r.info.get("parallel"), "pid": r.pid,
-                "busy": r.inflight}
+                "busy": r.inflight, "kv_cache": r.info.get("kv_cache")}
 
     async def delete(self, request: HTTPRequest) -> Response:
         body = await self.body_of(request)
