@@ -48,6 +48,8 @@ def _evaluate_all(entries: list[tuple[LocalModel, LoadSettings, str]], text: str
                 infos = [read_gguf(p) for p in m.paths]
                 r.size, r.params = sum(x.size for x in infos), sum(x.n_params for x in infos)
                 r.type_k, r.type_v = load.type_k, load.type_v
+                r.flash_attn, r.n_batch, r.repacked = engine.flash_attn, engine.n_batch, engine.extra_buffers
+                r.gpu_layers = engine.offloaded_layers
                 if with_speed:
                     r.decode_tps = decode_speed(engine)
             finally:

@@ -36,8 +36,12 @@ class EvalResult:
     size: int = 0
     params: int = 0
     decode_tps: float | None = None
-    type_k: str = "f16"  # the KV cache types it was evaluated with
+    type_k: str = "f16"  # the settings it was evaluated with: each moves the figure
     type_v: str = "f16"
+    flash_attn: str = "on"
+    n_batch: int = 512  # and the micro-batch: the same
+    repacked: bool = False
+    gpu_layers: int = 0
 
     @property
     def bits_per_weight(self) -> float:

@@ -92,7 +92,10 @@ def choose_flash_attn(settings: LoadSettings, shape, offload_supported: bool = F
 
 
 def extra_buffers(settings: LoadSettings) -> bool:
-    """The machine's repack verdict; without one, extra buffers only where no type needs a probe."""
+    """The load's own choice, else the machine's repack verdict; without one, extra buffers
+    only where no type needs a probe."""
+    if settings.repack is not None:
+        return settings.repack
     if settings.machine is not None:
         return settings.machine.repack
     from tallow.runtime.calibration.machine import PROBED

@@ -49,6 +49,7 @@ class LoadSettings:
     memory: int | None = None  # RAM available to the model in bytes (None: what the machine has free now)
     vram: int | None = None  # free GPU memory in bytes (None: ask the GPU backend)
     machine: Any = None  # runtime.calibration.machine.Profile: repack verdict and flash-attention timings
+    repack: bool | None = None  # repacked weight layouts (extra buffers); None: the machine's verdict
     workload: object = None  # runtime.machine.Workload for flash_attn "auto" (None: fill the context)
     registry: Path | None = None  # folder of the running engines' thread claims (runtime/threads.py)
     related_pids: tuple[int, ...] = ()  # processes whose CPU time is this engine's own work (a runner's server)

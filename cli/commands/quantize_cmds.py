@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -127,6 +128,7 @@ def eval_models(
     chunks: Optional[int] = typer.Option(None, "--chunks", min=1, help="Score at most this many windows.", show_default=False),
     kl_base: Optional[str] = typer.Option(None, "--kl-base", help="Also measure KL divergence from this model.", show_default=False),
     compare: bool = typer.Option(False, "--compare", help="Print the trade-off table (implied by several models)."),
+    flash_attn: str = typer.Option("on", "--flash-attn", help="Flash attention, on or off: pinned, as every setting that moves the figure is (llama-perplexity's default is on)."),
     cache_type_k: Optional[str] = typer.Option(None, "--cache-type-k", "--ctk", help="Also evaluate with this KV cache K type, against the first model at f16 (as tallow run takes it).", show_default=False),
     cache_type_v: Optional[str] = typer.Option(None, "--cache-type-v", "--ctv", help="... and this V type (a quantized V turns flash attention on for every row).", show_default=False),
     threads: o.Threads = None,
@@ -144,21 +146,24 @@ def eval_models(
     from tallow.quantize.compare import compare_models
 
     body = text.read_text(encoding="utf-8", errors="replace") if text else None
+    flash = o.parse_flash_attn(flash_attn)
+    if flash == "auto":
+        raise typer.BadParameter("eval pins flash attention so that its figure is the same on every machine: give on "
+                                 "or off", param_hint="--flash-attn")
     kv = None
     if cache_type_k is not None or cache_type_v is not None:
         if kl_base:
             raise typer.BadParameter("the KV rows are measured against the first model at f16; drop --kl-base",
                                      param_hint="--cache-type-k")
-        type_k, type_v, _ = o.cache_types(cache_type_k or "f16", cache_type_v or "f16", "on")
+        type_k, type_v, _ = o.cache_types(cache_type_k or "f16", cache_type_v or "f16", flash)
         kv = (type_k, type_v)
     names = ([kl_base] if kl_base else []) + list(models)
     local = [find_model(m, offline=offline) for m in names]
-    # flash attention on for every row when a V cache is quantized: the rows then differ by the types alone
-    from tallow.models.memory import UNQUANTIZED_KV
-
-    flash = "on" if kv is not None and kv[1] not in UNQUANTIZED_KV else "auto"
+    # Pinned: the figure must not depend on this machine's calibration (flash attention,
+    # repacked kernels) nor on the batch a default would pick.
+    load = replace(o.load_settings(ctx, threads, "auto", flash), n_batch=512, repack=False)
     results = _with_eval_progress(lambda progress: compare_models(
-        local, o.load_settings(ctx, threads, "auto", flash), body, ctx, chunks,
+        local, load, body, ctx, chunks,
         with_base=bool(kl_base) or len(models) > 1, with_speed=compare or len(models) > 1, on_progress=progress, kv=kv))
     if kl_base:
         results = results[1:]
@@ -188,12 +193,14 @@ def _print_results(results, as_json: bool, table: bool) -> None:
         sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
         return
     base = results[0]
+    settings = (f"flash attention {base.flash_attn}, batch and micro-batch {base.n_batch}, repacked weights "
+                f"{'on' if base.repacked else 'off'}, {base.gpu_layers} layers on a GPU")
     if not table:
         r = base
         line = f"{r.model}: perplexity {r.ppl:.4f} ± {r.ppl_se:.4f} ({r.scored} tokens scored in {r.windows} windows of {r.n_ctx})"
         if r.kld is not None:
             line += f"; KL divergence {r.kld:.5f} ± {r.kld_se:.5f}; top-1 agreement {r.top1:.1%}"
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(f"{line}\n  ({settings}, KV cache {r.type_k}/{r.type_v})\n")
         return
     width = max(28, *(len(r.model) for r in results))
     head = f"{'model':<{width}} {'size':>9} {'bpw':>6} {'perplexity':>18} {'Δppl':>8} {'KLD':>9} {'top-1':>7} {'tok/s':>7}\n"
@@ -205,6 +212,7 @@ def _print_results(results, as_json: bool, table: bool) -> None:
         tps = f"{r.decode_tps:.1f}" if r.decode_tps else "-"
         sys.stdout.write(f"{r.model:<{width}} {human_bytes(r.size):>9} {r.bits_per_weight:6.2f} "
                          f"{r.ppl:9.4f} ± {r.ppl_se:6.4f} {dppl:+7.2f}% {kld:>9} {top1:>7} {tps:>7}\n")
+    sys.stdout.write(f"({settings}; KV cache f16 unless the row says)\n")
 
 
 def imatrix(
