@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tallow.common.errors import TallowError
 
-__all__ = ["TallowError", "ModelNotFound", "InvalidName", "FetchError", "OfflineError", "IntegrityError", "GGUFError"]
+__all__ = ["TallowError", "ModelNotFound", "InvalidName", "NameTaken", "FetchError", "OfflineError", "IntegrityError",
+           "GGUFError"]
 
 
 class ModelNotFound(TallowError):
@@ -19,6 +20,10 @@ class ModelNotFound(TallowError):
 
 class InvalidName(TallowError):
     pass
+
+
+class NameTaken(TallowError):
+    """A name that would replace a stored model."""
 
 
 class FetchError(TallowError):

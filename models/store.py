@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tallow.common.files import sha256_file, write_atomic
-from tallow.models.errors import IntegrityError, InvalidName, ModelNotFound, TallowError
+from tallow.models.errors import IntegrityError, InvalidName, ModelNotFound, NameTaken, TallowError
 from tallow.models.names import ModelName, check_digest, near_names, parse_name, shown
 
 MANIFEST_SCHEMA = 1
@@ -217,6 +217,20 @@ class Store:
         path = self._manifest_path(parse_name(manifest.name))
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(manifest.to_json(), indent=2).encode("utf-8"))
+
+    def copy(self, source: str, destination: str) -> Manifest:
+        """Store `source`'s manifest under another name, pointing at the same files (nothing
+        is copied but the manifest); a name already stored is never overwritten."""
+        manifest = self.get(source)
+        if manifest is None:
+            raise ModelNotFound(f"{source} is not stored", "see what is: tallow list")
+        name = str(parse_name(destination))
+        if name == manifest.name or self.get(name) is not None:
+            raise NameTaken(f"a model named {name} is already stored", "pick another name, or tallow rm it first")
+        copied = Manifest(name, manifest.files, {**manifest.source, "copied_from": manifest.name}, manifest.license,
+                          manifest.gguf, time.time(), manifest.projector, manifest.projector_facts)
+        self.commit(copied)
+        return copied
 
     def plan_removal(self, names: list[str]) -> RemovalPlan:
         everything, _ = self.all()

@@ -1,4 +1,4 @@
-"""list, show, rm and import through the CLI, names that must be refused, and offline use."""
+"""list, show, rm, cp and import through the CLI, names that must be refused, and offline use."""
 
 from __future__ import annotations
 
@@ -56,6 +56,28 @@ def test_rm_keeps_blobs_another_model_uses(synth_model, tmp_path):
     assert b"freed 0 B" in r.stderr
     assert Store(home / "models").get("b:two") is not None
     assert run_tallow(["rm", "nothing:here"], home=home).returncode == 1
+
+
+def test_cp_writes_a_manifest_for_the_same_files(synth_model, tmp_path):
+    home = tmp_path / "home"
+    assert run_tallow(["import", str(synth_model), "--name", "a:one"], home=home).returncode == 0
+    r = run_tallow(["cp", "a:one", "mine"], home=home)
+    assert r.returncode == 0 and "copied a:one to mine:latest" in r.stderr.decode()
+    store = Store(home / "models")
+    a, mine = store.get("a:one"), store.get("mine")
+    assert a is not None and mine is not None and mine.files == a.files and mine.source["copied_from"] == "a:one"
+    assert len(list((home / "models" / "blobs").iterdir())) == 1  # nothing but the manifest was written
+    ran = run_tallow(["run", "mine", "ab", "-n", "2", "--raw", "--json"], home=home)
+    assert ran.returncode == 0 and json.loads(ran.stdout)["usage"]["completion_tokens"] == 2
+    for args, message in ((["a:one", "mine:latest"], "a model named mine:latest is already stored"),
+                          (["a:one", "a:one"], "a model named a:one is already stored"),
+                          (["nothing:here", "x"], "nothing:here is not stored"),
+                          (["a:one", "bad name!"], "invalid model name")):
+        bad = run_tallow(["cp", *args], home=home)
+        assert bad.returncode == 1 and message in bad.stderr.decode(), bad.stderr
+    assert store.get("mine") == mine  # a refused copy changed nothing
+    assert b"freed 0 B" in run_tallow(["rm", "a:one"], home=home).stderr  # the copy still uses the blob
+    assert store.get("mine") is not None
 
 
 def test_changed_linked_file_is_refused(synth_model, tmp_path):

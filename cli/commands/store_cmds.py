@@ -260,6 +260,20 @@ def rm(
     con.print(f"{'would free' if dry_run else 'freed'} {human_bytes(plan.bytes_freed)}", soft_wrap=True)
 
 
+def cp(
+    source: str = typer.Argument(..., help="A stored model name.", show_default=False, autocompletion=o.complete_model),
+    destination: str = typer.Argument(..., help="The new name.", show_default=False),
+) -> None:
+    """Copy a model to another name.
+
+    Only the manifest is written: both names use the same files.
+
+    Example: tallow cp smollm2:135m mine:latest
+    """
+    copied = store().copy(source, destination)
+    err_console().print(f"copied {source} to {copied.name}", soft_wrap=True, markup=False, highlight=False)
+
+
 def default_name(path: Path) -> str:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name.removesuffix(".gguf")).strip("-._") or "model"
     return stem[:96]

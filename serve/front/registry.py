@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.models.bert_import import pooling_name
+from tallow.models.errors import InvalidName, ModelNotFound, NameTaken
 from tallow.models.gguf_file import read_gguf
-from tallow.models.names import parse_name
 from tallow.models.projector import read_projector
 from tallow.models.resolve import LocalModel, locate
 from tallow.models.store import Store
@@ -112,15 +112,13 @@ class Registry:
         if not isinstance(destination, str):
             raise APIError("'destination' must be a model name", 400, "destination")
         try:
-            name = str(parse_name(destination))
-        except TallowError as exc:
+            self.store.copy(local.name, destination)
+        except InvalidName as exc:
             raise APIError(f"'destination': {exc.message}", 400, "destination") from exc
-        if self.store.get(name) is not None:
-            raise APIError(f"a model named '{name}' is already stored", 409, "destination")
-        manifest = self.store.get(local.name)
-        if manifest is None:  # removed since it was found
-            raise APIError(f"the model '{source}' is not stored", 404, "source", "model_not_found")
-        self.store.commit(replace(manifest, name=name, source={**manifest.source, "copied_from": manifest.name}))
+        except NameTaken as exc:
+            raise APIError(exc.message, 409, "destination") from exc
+        except ModelNotFound as exc:  # removed since it was found
+            raise APIError(f"the model '{source}' is not stored", 404, "source", "model_not_found") from exc
 
     def delete(self, text: Any) -> str:
         """Remove a stored model (the runner, if any, is the caller's to stop first)."""
