@@ -139,3 +139,20 @@ def test_eval_has_a_row_per_kv_type(default_home):
     assert quantized["kld"] > 0 and 0.5 < quantized["top1"] < 1.0 and quantized["ppl"] != base["ppl"]
     table = run_tallow(["eval", "smollm2:135m", "--ctx", "128", "--chunks", "1", "--ctk", "q8_0"], home=default_home)
     assert "smollm2:135m (KV q8_0/f16)" in table.stdout.decode() and "KLD" in table.stdout.decode()
+
+
+def test_show_fit_plans_with_the_types(default_home, default_model):
+    from tallow.models.memory import kv_cache_bytes
+    from tallow.runtime.loadplan import read_shape
+
+    def fit(*args):
+        r = run_tallow(["show", "smollm2:135m", "--fit", "--ctx", "8192", "--json", *args], home=default_home)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    plain, quantized = fit(), fit("--cache-type-k", "q8_0", "--cache-type-v", "q4_0")
+    assert (quantized["type_k"], quantized["type_v"], quantized["flash_attn"]) == ("q8_0", "q4_0", "on")
+    assert quantized["kv_cache"] == kv_cache_bytes(read_shape([default_model]), 8192, "q8_0", "q4_0")
+    assert quantized["kv_cache"] < plain["kv_cache"] * 0.45 and plain["type_k"] == "f16"
+    without = run_tallow(["show", "smollm2:135m", "--cache-type-k", "q8_0"], home=default_home)
+    assert without.returncode == 2 and "add --fit" in without.stderr.decode()

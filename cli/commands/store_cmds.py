@@ -98,6 +98,8 @@ def show(
     ctx: o.Ctx = None,
     gpu_layers: o.GpuLayers = "auto",
     vram: Optional[str] = typer.Option(None, "--vram", help="With --fit: plan for a GPU with this much free memory (e.g. 8GB), whether or not this machine has one.", show_default=False),
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
     as_json: o.Json = False,
 ) -> None:
     """Show a model's metadata, tensor types, license and source.
@@ -107,7 +109,11 @@ def show(
       tallow show smollm2:135m
       tallow show smollm2:135m --fit --ctx 8192
       tallow show smollm2:135m --fit --gpu-layers 20 --vram 4GB
+      tallow show smollm2:135m --fit --ctx 32768 --cache-type-k q8_0 --cache-type-v q8_0
     """
+    if (cache_type_k, cache_type_v) != ("f16", "f16") and not fit:
+        raise typer.BadParameter("the KV cache's types change the plan: add --fit", param_hint="--cache-type-k")
+    kv = o.cache_types(cache_type_k, cache_type_v, "auto") if fit else ("f16", "f16", "auto")
     vram_bytes = None
     if vram is not None:
         from tallow.cli.settings import parse_size
@@ -124,7 +130,7 @@ def show(
         raise TallowError(f"model {model!r} is not stored", f"pull it first: tallow pull {model}")
     manifest = st.get(found.name) if not isinstance(parse_ref(model), PathRef) else None
     if fit:
-        _show_fit(found, ctx, gpu_layers, as_json, vram_bytes)
+        _show_fit(found, ctx, gpu_layers, as_json, vram_bytes, kv)
         return
     infos = [read_gguf(p) for p in found.paths]
     info = infos[0]
@@ -163,20 +169,24 @@ def show(
     _render_show(data)
 
 
-def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int | None = None) -> None:
+def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int | None,
+              kv: tuple[str, str, str]) -> None:
     """The estimate a load would make, and whether it fits here; nothing is loaded. With a
-    GPU (this machine's, or one `vram` describes) the offloaded layers' share is split off."""
+    GPU (this machine's, or one `vram` describes) the offloaded layers' share is split off.
+    `kv`: the KV cache's types and the flash attention they need."""
     from dataclasses import replace
 
     from tallow.runtime.devices import gpu_free_memory
-    from tallow.runtime.loadplan import plan_memory
+    from tallow.runtime.loadplan import check_kv_types, plan_memory
 
     vram = vram if vram is not None else gpu_free_memory()
-    load = replace(o.load_settings(ctx, None, gpu_layers, "auto"), mmproj=found.mmproj)
+    load = replace(o.load_settings(ctx, None, gpu_layers, kv[2], kv[0], kv[1]), mmproj=found.mmproj)
+    check_kv_types(found.paths, load)
     plan = plan_memory(found.paths, load, offload_supported=vram is not None, vram=vram)
     est, ram, note, verdict = plan.estimate, plan.ram, plan.note, plan.problem
     data = {"name": found.name, **est.to_dict(), "available_memory": ram, "fits": verdict is None,
-            "flash_attn": plan.flash_attn, "extra_buffers": plan.extra_buffers}
+            "flash_attn": plan.flash_attn, "extra_buffers": plan.extra_buffers, "type_k": load.type_k,
+            "type_v": load.type_v}
     if verdict is not None:
         data["error"], data["hint"] = verdict.message, verdict.hint
     if note:
@@ -186,8 +196,9 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int 
         return
     out = sys.stdout
     gpu = f", {est.gpu_layers} layers on the GPU" if est.gpu_layers else ""
+    types = "" if (load.type_k, load.type_v) == ("f16", "f16") else f", KV cache {load.type_k}/{load.type_v}"
     out.write(f"{found.name} at context {est.n_ctx} (flash attention {plan.flash_attn}, "
-              f"repacked weights {'on' if plan.extra_buffers else 'off'}{gpu})\n")
+              f"repacked weights {'on' if plan.extra_buffers else 'off'}{gpu}{types})\n")
     rows = (("weights", "weights"), ("KV cache", "kv_cache"), ("compute", "compute"), ("output", "output"),
             *((("projector", "projector"),) if est.projector else ()), ("total", "total"))
     for label, key in rows:
