@@ -202,3 +202,15 @@ def test_ps_and_stop_commands(files, tmp_path):
     assert gone.returncode == 1 and "no tallow server at" in gone.stderr.decode()
     far = run_tallow(["ps", "--host", "192.0.2.1:8080", "--offline"], home=tmp_path)
     assert far.returncode == 1 and "offline" in far.stderr.decode()
+
+
+def test_an_alias_for_the_name_without_its_tag(files, tmp_path):
+    home = tmp_path / "home"
+    assert run_tallow(["import", str(files["a"]), "--name", "tinyllama-2:latest"], home=home).returncode == 0
+    s = Server("tinyllama-2:latest", home, "--alias", "tinyllama-2")  # once a RecursionError at start
+    try:
+        for name in ("tinyllama-2", "tinyllama-2:latest"):
+            assert ask(s, name, 2) is not None
+        assert [m["name"] for m in s.raw("/api/ps")[2]["models"]] == ["tinyllama-2:latest"]
+    finally:
+        s.close()

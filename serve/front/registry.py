@@ -41,12 +41,14 @@ class Registry:
         found = self._find(text)
         return replace(found, mmproj=self.projectors[found.name]) if found.name in self.projectors else found
 
-    def _find(self, text: str) -> LocalModel:
+    def _find(self, text: str, aliased: bool = True) -> LocalModel:
+        """`aliased`: an alias may stand for `text` (an alias names a model, never another
+        alias: `--alias m` for `m:latest` must not find itself through the stripped tag)."""
         for key in (text, text.removesuffix(":latest")):
             if key in self.files:
                 return self.files[key]
-            if key in self.aliases:
-                return self.find(self.aliases[key])
+            if aliased and key in self.aliases:
+                return self._find(self.aliases[key], aliased=False)
         if _looks_like_path(text):  # the file as given to tallow serve, by any spelling of its path
             given = Path(text).resolve()
             for local in self.files.values():
