@@ -263,7 +263,10 @@ class ModelDrafter:
             k, self.probing = 1, True
             if self.probe_every >= PROBE_EVERY:
                 self.probe_every = min(4 * self.probe_every, PROBE_MOST)
-            self.window = len(self.history) - self.start - len(self.seq.kv) > PROBE_WINDOW
+            # what the cells hold may be another request's (a window of it): only their common
+            # prefix with this history is kept, so that is what the gap is measured from
+            seen = common_prefix(self.seq.kv, self.history[self.start:])
+            self.window = len(self.history) - self.start - seen > PROBE_WINDOW
         self.idle = 0
         return k
 

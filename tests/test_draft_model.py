@@ -192,6 +192,19 @@ def test_a_draft_that_cannot_pay_is_never_probed():
     assert probes(lone_drafter(costs), 8, right=True) == list(range(1, 9))
 
 
+def test_a_probe_over_another_requests_cells_drafts_from_a_window():
+    from tallow.runtime.draft_model import PROBE_WINDOW
+
+    drafter = lone_drafter(StepCosts(0.1))
+    drafter.history = list(range(100, 164))
+    drafter.seq.kv = list(range(64))  # as long as the history, but another request's tokens (a window of it)
+    assert drafter.length(64) == 1 and drafter.window  # not a catch-up of all 64 tokens
+    drafter = lone_drafter(StepCosts(0.1))
+    drafter.history = list(range(64))
+    drafter.seq.kv = list(range(64 - PROBE_WINDOW))  # the same request's cells: only the gap is evaluated
+    assert drafter.length(64) == 1 and not drafter.window
+
+
 def measured(plain: float, row: float, draft: float, catch_up: float | None = None, longest: int = 16) -> StepCosts:
     """Costs as a lone sequence's timed calls give them (ms): a plain step, each verified row
     (timed at one and at `longest`), a draft call for a further token, and the catch-up call
