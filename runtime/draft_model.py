@@ -12,12 +12,14 @@ temperature and seed.
 Drafting costs the draft's decodes plus the verification's extra rows; it pays only when
 enough of the draft is accepted. Each sequence estimates its per-token acceptance `a` and
 picks the draft length k that maximises the expected tokens per unit of work,
-(1 - a^(k+1)) / (1 - a) against 1 + k * (cost of a draft token + cost of a verified row),
-in target-decode units; it drafts nothing when no k beats plain decoding, probing with
-one token now and then so that it notices when the text becomes predictable. In a busy
-step (many sequences decoding together) a verified row costs more of a sequence's share,
-so drafting stops on its own once enough sequences are busy (row_cost). The costs are
-measured as it runs (runtime/draft_costs.py).
+(1 - a^(k+1)) / (1 - a) against 1 + the draft's calls + the k verified rows (the
+target's call at B + k rows over its call at B), in target-decode units; it drafts nothing
+when no k beats plain decoding, probing with one token now and then so that it notices
+when the text becomes predictable. A draft that is right 90% of the time drafts past the
+longest timed call until long drafts' costs are known. In a busy step (many sequences
+decoding together) a verified row costs more of a sequence's share, so drafting stops on
+its own once enough sequences are busy. The costs are measured as it runs, calls and
+whole steps (runtime/draft_costs.py).
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ class ModelDrafter:
         self.start = 0  # the history index the draft's cell 0 holds
         self.acceptance = 0.7
         self.idle = 0  # steps since the last draft
-        self.probe_every = 1  # the first step probes; then PROBE_EVERY, doubling while probes find nothing
+        self.probe_every = 1  # the first step probes; then PROBE_EVERY, four times longer while probes find nothing
         self.window = False  # the next catch-up evaluates only the last PROBE_WINDOW tokens
         self.probing = False  # this step's draft is a probe: one token, proposed whatever p_min says
 
@@ -258,7 +260,7 @@ class ModelDrafter:
             if self.idle < self.probe_every or top < 1 or not self._worth_looking(top, busy):
                 return 0
             # A probe: one token, from a short window of the latest text rather than all that
-            # the draft missed; rarer each time it finds nothing (outcome undoes the doubling
+            # the draft missed; rarer each time it finds nothing (outcome undoes the backoff
             # when it finds something).
             k, self.probing = 1, True
             if self.probe_every >= PROBE_EVERY:
@@ -308,8 +310,8 @@ class ModelDrafter:
             self.acceptance += SMOOTHING * (step - self.acceptance)
             # Right: while a long draft that is always right could pay, look again at the
             # next step, so that a run of right guesses raises the estimate to where drafting
-            # pays within a few tokens, not a few probes of 16. Wrong: every PROBE_EVERY
-            # steps, doubling.
+            # pays within a few tokens, not a few probes of 32. Wrong: every PROBE_EVERY
+            # steps, four times longer after each.
             if accepted:
                 self.probe_every = 1 if self._worth_looking(self.owner.limits.max, 1) else PROBE_EVERY
             elif self.probe_every < PROBE_EVERY:
