@@ -50,7 +50,7 @@ def kv_type_problem(shape: Shape, type_k: str, type_v: str) -> str | None:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     for what, name, width in (("K", type_k, shape.head_widths[0]), ("V", type_v, shape.head_widths[1])):
-        block = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0]
+        block = GGML_QUANT_SIZES[GGMLQuantizationType(kv_type_id(name))][0]  # an unknown name: its one-line error
         if width and width % block:
             return f"the model's {what} heads are {width} values wide, and {name} packs {block} at a time"
     return None

@@ -69,6 +69,8 @@ def cases(synth: str, d: str, missing: str, text: str) -> list[tuple[list[str], 
         (["bench", "m", "--endpoint", "http://127.0.0.1:1", "--prompts", missing], ERROR),
         (["embed", "m", "x", "--endpoint", "http://127.0.0.1:1", "--truncate"], USAGE),
         (["serve", synth, "--drain-timeout", "-1"], USAGE),
+        (["cp"], USAGE), (["cp", "a:b"], USAGE), (["cp", "not:stored", "x"], ERROR), (["cp", synth, "bad name!"], ERROR),
+        (["run", synth, "hi", "--cache-type-k", "q9"], USAGE), (["serve", synth, "--model-option", "x cache_type_v=q9"], USAGE),
         (["--nope"], USAGE), (["nosuchcommand"], USAGE),
     ]
 
