@@ -104,7 +104,7 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
     from tallow.cli.machine import load_settings as checked_load
 
     load = checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
-    return replace(load, type_k=type_k, type_v=type_v) if (type_k, type_v) != ("f16", "f16") else load
+    return replace(load, type_k=type_k, type_v=type_v)
 
 
 def cache_types(type_k: str, type_v: str, flash_attn: str, where: str = "") -> tuple[str, str, str]:

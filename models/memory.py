@@ -60,8 +60,7 @@ def _type_size(name: str) -> float:
     """Bytes per element of a KV cache type ('f16', 'q8_0', ...)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    kv_type_id(name)
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kv_type_id(name))]
     return size / block
 
 

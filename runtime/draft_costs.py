@@ -49,6 +49,7 @@ class StepCosts:
     def __init__(self, draft_prior: float) -> None:
         self.draft_prior = draft_prior  # a draft token in decodes, from the weights' sizes
         self.calls: dict[int, float] = {}  # n -> ms of a target call of n rows that only decodes
+        self.known: list[int] = []  # the row counts in `calls`, in order (kept as they are added)
         self.catch_ms: dict[int, float] = {}  # B -> ms of the draft's catch-up call: its first token's logits
         self.token_ms: dict[int, float] = {}  # B -> ms of a draft call for each further token
         self.wall: dict[int, float] = {}  # B -> ms of a whole plain step (no draft call in it)
@@ -58,6 +59,8 @@ class StepCosts:
     def target_step(self, sequences: int, rows: int, ms: float) -> None:
         """A decode call of `rows` rows for `sequences` decoding sequences (no prefill in it)."""
         if sequences >= 1 and rows >= sequences:
+            if rows not in self.calls:
+                bisect.insort(self.known, rows)
             self.calls[rows] = _ema(self.calls.get(rows), ms)
 
     def catch_up(self, sequences: int, ms: float) -> None:
@@ -95,7 +98,7 @@ class StepCosts:
         before anything is measured at or below `rows`."""
         if rows in self.calls:
             return self.calls[rows]
-        known = sorted(self.calls)
+        known = self.known
         at = bisect.bisect_left(known, rows)
         if at == 0:
             return None

@@ -88,9 +88,10 @@ def _config(c: RunnerConfig, name: str, engine, crash=None):
 
 
 def _ready(name: str, engine, **shape) -> dict:
+    facts = engine.load_facts()
     return {"model": name, "pid": os.getpid(), **shape, "load_ms": round(engine.load_ms, 3),
             "threads": engine.n_threads, "gpu_layers": engine.gpu_layers,
-            "kv_cache": {k: engine.load_facts()[k] for k in ("type_k", "type_v")},
+            "kv_cache": {k: facts[k] for k in ("type_k", "type_v")},
             "memory": engine.estimate.to_dict() if engine.estimate else {}}
 
 
