@@ -137,6 +137,16 @@ def with_projector(local, load: LoadSettings, projector: str, media: set[str] | 
     return replace(load, mmproj=mmproj)
 
 
+def with_persona(load: LoadSettings, local) -> LoadSettings:
+    """The load with a created model's system prompt, few-shot turns and template (its preset)."""
+    from dataclasses import replace
+
+    from tallow.runtime.types import Persona
+
+    p = local.preset
+    return load if p is None else replace(load, persona=Persona(p.system, p.messages, p.template))
+
+
 def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False) -> RemoteEngine:
     """The server in the place of the local engine (client/remote_engine.py), with --format /
     --json-schema sent as OpenAI's response_format (the answer is still checked here)."""
@@ -156,7 +166,7 @@ def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = 
     from tallow.runtime.engine import Engine
 
     local = find_model(text, offline)
-    engine = Engine(local.paths, with_projector(local, load, projector, media))
+    engine = Engine(local.paths, with_persona(with_projector(local, load, projector, media), local))
     _say_fit(engine)
     if disk_cache:
         attach_cache(engine, local)
@@ -170,7 +180,7 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
     from tallow.runtime.scheduler import Scheduler
 
     local = find_model(text, offline)
-    scheduler = Scheduler.load(local.paths, with_projector(local, load, "if-stored"), sched)
+    scheduler = Scheduler.load(local.paths, with_persona(with_projector(local, load, "if-stored"), local), sched)
     scheduler.engine.digest = local.sha256
     _say_fit(scheduler.engine)
     if disk_cache:

@@ -199,9 +199,11 @@ def _check_projector(store: Store, projector: tuple[StoredFile, ProjectorFacts],
 
 def import_file(path: Path, store: Store, name: str, link: bool, on_progress: ProgressFn = no_progress,
                 verify: Callable[[list[Path]], None] | None = None, mmproj: Path | None = None,
-                verify_projector: Callable[[list[Path], Path], None] | None = None) -> Manifest:
+                verify_projector: Callable[[list[Path], Path], None] | None = None,
+                finish: Callable[[Manifest], Manifest] | None = None) -> Manifest:
     """Register a local GGUF, and its projector when given: copied into the store, or used in
-    place (--link); `verify` as in PullOptions, asked before anything is copied."""
+    place (--link); `verify` as in PullOptions, asked before anything is copied; `finish`
+    makes the manifest that is committed from the imported one (tallow create's settings)."""
     path = Path(path).expanduser().resolve()
     name = str(parse_name(name))
     info = read_gguf(path)
@@ -221,6 +223,8 @@ def import_file(path: Path, store: Store, name: str, link: bool, on_progress: Pr
     source = {"kind": "import", "path": str(path), "linked": link, **({"mmproj": str(mmproj)} if mmproj else {})}
     manifest = Manifest(name, [entry], source, lic if isinstance(lic, str) else None, gguf_facts([info]),
                         projector=projector, projector_facts=facts.to_json() if facts else {})
+    if finish is not None:
+        manifest = finish(manifest)
     store.commit(manifest)
     return manifest
 

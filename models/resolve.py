@@ -10,6 +10,7 @@ from tallow.models.download import ProgressFn, no_progress
 from tallow.models.errors import IntegrityError, ModelNotFound
 from tallow.models.gguf_file import check_gguf
 from tallow.models.names import near_names, shown
+from tallow.models.preset import Preset
 from tallow.models.pull import PullOptions, pull
 from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
 from tallow.models.store import Manifest, Store
@@ -21,6 +22,7 @@ class LocalModel:
     paths: list[Path]  # shards in order; llama.cpp loads them together
     sha256: str | None  # of the first file; known for stored models
     mmproj: Path | None = None  # the stored projector, for images and audio
+    preset: Preset | None = None  # a created model's settings: defaults every route starts from
 
     @property
     def path(self) -> Path:
@@ -73,4 +75,4 @@ def find_or_pull(text: str, store: Store, opts: PullOptions, on_progress: Progre
 
 def stored_model(manifest: Manifest, store: Store) -> LocalModel:
     return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"),
-                      store.projector_path(manifest))
+                      store.projector_path(manifest), manifest.preset)

@@ -11,13 +11,14 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tallow.common.files import sha256_file, write_atomic
 from tallow.models.errors import IntegrityError, InvalidName, ModelNotFound, NameTaken, TallowError
 from tallow.models.names import ModelName, check_digest, near_names, parse_name, shown
+from tallow.models.preset import Preset, PresetError
 
 MANIFEST_SCHEMA = 1
 
@@ -54,6 +55,7 @@ class Manifest:
     created: float = field(default_factory=time.time)
     projector: StoredFile | None = None  # the model's mmproj GGUF, for images and audio
     projector_facts: dict[str, Any] = field(default_factory=dict)  # models.projector.ProjectorFacts.to_json
+    preset: Preset | None = None  # a created model's own settings (models/preset.py)
 
     @property
     def size(self) -> int:
@@ -74,6 +76,7 @@ class Manifest:
             "gguf": self.gguf,
             "created": self.created,
             **({"projector": {**self.projector.to_json(), "facts": self.projector_facts}} if self.projector else {}),
+            **({"preset": self.preset.to_json()} if self.preset else {}),
         }
 
     @classmethod
@@ -85,8 +88,9 @@ class Manifest:
             proj = data.get("projector")
             return cls(str(parse_name(data["name"])), files, dict(data.get("source") or {}), data.get("license"),
                        dict(data.get("gguf") or {}), float(data.get("created") or 0),
-                       StoredFile.from_json(proj) if proj else None, dict(proj.get("facts") or {}) if proj else {})
-        except InvalidName as exc:
+                       StoredFile.from_json(proj) if proj else None, dict(proj.get("facts") or {}) if proj else {},
+                       Preset.from_json(data["preset"]) if data.get("preset") else None)
+        except (InvalidName, PresetError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc.message}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc}") from exc
@@ -227,8 +231,7 @@ class Store:
         name = str(parse_name(destination))
         if name == manifest.name or self.get(name) is not None:
             raise NameTaken(f"a model named {name} is already stored", "pick another name, or tallow rm it first")
-        copied = Manifest(name, manifest.files, {**manifest.source, "copied_from": manifest.name}, manifest.license,
-                          manifest.gguf, time.time(), manifest.projector, manifest.projector_facts)
+        copied = replace(manifest, name=name, source={**manifest.source, "copied_from": manifest.name}, created=time.time())
         self.commit(copied)
         return copied
 

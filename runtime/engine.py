@@ -32,6 +32,7 @@ from tallow.runtime.multimodal import cuts, media_prompt, text_only
 from tallow.runtime.protocol import Events
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
+from tallow.runtime.template import framed
 from tallow.runtime.text import opens_reasoning, reasoning_markers
 from tallow.runtime.threads import Governor, Registry, physical_cores, thread_rule
 from tallow.runtime.types import LoadSettings, Request, Timings, TokenEvent
@@ -159,7 +160,7 @@ class Engine:
         if self._template is None:
             from tallow.runtime.template import ChatTemplate
 
-            src = self.model.chat_template()
+            src = self._settings.persona.template or self.model.chat_template()
             if src is None:
                 return None
             piece = lambda t: self.model.piece(t).decode("utf-8", "replace") if t >= 0 else ""  # noqa: E731
@@ -217,6 +218,9 @@ class Engine:
         (a runtime.tools.choice.ToolChoice) are shown to the model and constrain its calls."""
         template = None if raw else self.chat_template()
         markers = reasoning_markers(template.source) if template else None
+        if not raw:  # a created model's system prompt and few-shot turns (runtime/template.py)
+            persona = self._settings.persona
+            messages, cache_prefixes = framed(messages, persona), [framed(p, persona) for p in cache_prefixes]
         kw_messages = messages
         messages, template_tools, kw = self._with_tools(messages, tools, template, markers, kw)
         if template_tools is not None or messages is not kw_messages:  # prefixes render as the prompt does

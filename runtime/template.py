@@ -157,3 +157,39 @@ class ChatTemplate:
         except (JinjaError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise TemplateError(f"the chat template failed: {exc}", "use --raw to send the prompt without the template") from exc
         return "".join(parts)
+
+
+def framed(messages: list[dict[str, Any]], persona) -> list[dict[str, Any]]:
+    """The conversation with a created model's persona (runtime.types.Persona) around it: its
+    system prompt first unless the conversation brings its own (which replaces it), then its
+    few-shot turns, then the conversation."""
+    if persona.system is None and not persona.messages:
+        return messages
+    own = messages[:1] if messages and messages[0].get("role") in ("system", "developer") else []
+    system = own or ([{"role": "system", "content": persona.system}] if persona.system is not None else [])
+    shots = [{"role": role, "content": content} for role, content in persona.messages]
+    return system + shots + messages[len(own):]
+
+
+# Ollama's templates are Go's text/template: {{ .Prompt }}, {{ if .System }}, {{ range .Messages }}, {{ end }}
+_GO_TEMPLATE = re.compile(r"\{\{-?\s*(\.[A-Za-z]|if\s+\.|range\s+\.|range\s+\$|with\s+\.|end\s*-?\}\})")
+SAMPLE = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello"},
+          {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Bye"}]
+
+
+def check_template(source: str, bos_token: str = "<s>", eos_token: str = "</s>") -> str:
+    """A chat template given by a user (a Modelfile's TEMPLATE), checked before it is stored:
+    it must be Jinja, compile in the sandbox and render a short conversation that ends in a
+    user turn. Returns that rendering; TemplateError says what is wrong."""
+    if _GO_TEMPLATE.search(source):
+        raise TemplateError("TEMPLATE is an Ollama (Go) template; tallow renders chat templates with Jinja, "
+                            "as Hugging Face does", "write it in Jinja, e.g. {% for m in messages %}{{ m.content }}{% endfor %}")
+    try:
+        text = ChatTemplate(source, bos_token, eos_token).render(SAMPLE)
+    except TemplateError as exc:
+        raise TemplateError(f"TEMPLATE: {exc.message}", "it is rendered as Hugging Face chat templates are, "
+                            "with messages, add_generation_prompt, bos_token and eos_token") from exc
+    if "Hello" not in text or "Bye" not in text:
+        raise TemplateError("TEMPLATE does not show the conversation: a sample rendered without its messages",
+                            "loop over messages: {% for m in messages %}...{{ m.content }}...{% endfor %}")
+    return text

@@ -30,6 +30,15 @@ class DraftLimits:
 
 
 @dataclass(frozen=True)
+class Persona:
+    """A created model's conversation settings (models/preset.py, from its Modelfile): put
+    around every conversation that is not raw (runtime/template.py, `framed`)."""
+    system: str | None = None  # the system prompt, unless the conversation has its own
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content): few-shot turns after the system prompt
+    template: str | None = None  # a Jinja chat template in place of the model's
+
+
+@dataclass(frozen=True)
 class LoadSettings:
     """How to load a model; every field is explicit (the CLI resolves defaults from the environment)."""
 
@@ -61,6 +70,7 @@ class LoadSettings:
     draft: tuple[Path, ...] = ()  # a draft model's files, for speculative decoding (runtime/draft_model.py)
     draft_limits: DraftLimits = DraftLimits()
     draft_name: str | None = None  # the draft model's name, as reports show it (None: its file's)
+    persona: Persona = Persona()  # a created model's system prompt, few-shot turns and template
 
 
 @dataclass(frozen=True)

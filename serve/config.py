@@ -7,10 +7,10 @@ CLI's option defaults are read from them, so a default is written once."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from tallow.runtime.types import SchedulerSettings
+from tallow.runtime.types import Sampling, SchedulerSettings
 
 _SCHEDULER = SchedulerSettings()
 
@@ -31,6 +31,8 @@ class ServerConfig:
     history: object = None  # where stored Responses live: a path, ":memory:", or None (not stored)
     fault_after_tokens: int | None = None  # tests only: die by SIGSEGV at this many tokens (crash containment)
     media_urls: bool = False  # fetch http(s) media URLs in requests (serve --allow-media-urls)
+    sampling: Sampling = Sampling()  # for the fields a request leaves out (a created model's preset)
+    stop: tuple[str, ...] = ()  # for requests that give no stop strings (a created model's preset)
 
 
 _SERVER = ServerConfig(model="")
@@ -73,6 +75,11 @@ class RunnerConfig:
     tool_format: str | None = _SERVER.tool_format
     history: str | None = None
     aliases: tuple[str, ...] = ()
+    # a created model's preset (cli/presets.py, for_runner): its request defaults, and which
+    # of the settings above serve was given (those the preset does not replace)
+    sampling: dict[str, Any] = field(default_factory=dict)  # runtime.types.Sampling's fields
+    stop: tuple[str, ...] = ()
+    given: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -86,14 +93,14 @@ class RunnerConfig:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown runner settings: {', '.join(unknown)}")
-        for key in ("aliases", "draft_files"):
+        for key in ("aliases", "draft_files", "stop", "given"):
             if key in data:
                 data[key] = tuple(data[key])
         return cls(**data)
 
     def with_options(self, options: dict[str, Any]) -> RunnerConfig:
         """This config with one model's own settings (serve --model-option) over it."""
-        return replace(self, **options)
+        return replace(self, **options, given=tuple(sorted({*self.given, *options})))
 
     def scheduler(self) -> SchedulerSettings:
         return SchedulerSettings(parallel=self.parallel, deterministic=self.deterministic, kv_unified=self.kv_unified,
@@ -104,4 +111,5 @@ class RunnerConfig:
         return ServerConfig(model=model, max_body=self.max_body, max_tokens=self.max_tokens,
                             default_max_tokens=self.default_max_tokens, seed=self.seed, aliases=self.aliases,
                             fingerprint=fingerprint, tool_format=self.tool_format, history=self.history,
-                            fault_after_tokens=fault_after_tokens, media_urls=self.media_urls)
+                            fault_after_tokens=fault_after_tokens, media_urls=self.media_urls,
+                            sampling=replace(Sampling(), **self.sampling), stop=self.stop)

@@ -134,7 +134,7 @@ def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     choice = tool_choice(tools, body.get("tool_choice"), True, limits.tool_format, "anthropic")
     draft = draft_field(body)
     return Parsed(messages=messages_of(body, limits.fetch), prompt=None, max_tokens=min(requested, limits.max_tokens),
-                  stop=stops(body.get("stop_sequences"), "stop_sequences", 16), sampling=sampling(body, limits.seed),
+                  stop=stops(body.get("stop_sequences"), "stop_sequences", 16, limits.stop), sampling=sampling(body, limits.sampling),
                   stream=flag(body, "stream"), include_usage=True, logprobs=None, json_format=False, schema=None,
                   draft=draft, tools=choice, extra={"thinking": thinking})
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 from tallow.common.errors import TallowError
@@ -156,28 +157,33 @@ def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("t
     raise APIError(f"{where} must be a string or a list of text {noun}", param=param)
 
 
-def sampling(body: dict, default_seed: int | None = None) -> Sampling:
-    """Sampling settings from the fields every route shares (tallow's defaults, as
-    llama.cpp's server, for what the client leaves out)."""
-    d = Sampling()
+TALLOW_SAMPLING = Sampling()
+
+
+def sampling(body: dict, defaults: Sampling = TALLOW_SAMPLING) -> Sampling:
+    """Sampling settings from the fields every route shares; what the client leaves out comes
+    from `defaults` (the server's: tallow's, as llama.cpp's server, or a created model's)."""
+    d = defaults
     seed = number(body, "seed", -(2**63), 2**64 - 1, None, integer=True)
     if seed is None:
-        seed = default_seed
-    return Sampling(
+        seed = d.seed
+    return replace(
+        d,
         temperature=number(body, "temperature", 0, 2, d.temperature),
         top_p=number(body, "top_p", 0, 1, d.top_p),
         top_k=number(body, "top_k", 0, 1_000_000, d.top_k, integer=True),
         min_p=number(body, "min_p", 0, 1, d.min_p),
         repeat_penalty=number(body, "repeat_penalty", 0.01, 10, d.repeat_penalty),
-        frequency_penalty=number(body, "frequency_penalty", -2, 2, 0.0),
-        presence_penalty=number(body, "presence_penalty", -2, 2, 0.0),
+        frequency_penalty=number(body, "frequency_penalty", -2, 2, d.frequency_penalty),
+        presence_penalty=number(body, "presence_penalty", -2, 2, d.presence_penalty),
         seed=None if seed is None else seed & 0xFFFFFFFF,  # llama.cpp's seeds are 32-bit
     )
 
 
-def stops(value: Any, name: str = "stop", most: int = 4) -> tuple[str, ...]:
+def stops(value: Any, name: str = "stop", most: int = 4, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A request's stop strings; `default` (the server's) when it gives none."""
     if value is None:
-        return ()
+        return default
     if isinstance(value, str):
         return (value,) if value else ()
     if isinstance(value, list) and len(value) <= most and all(isinstance(s, str) and s for s in value):

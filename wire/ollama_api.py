@@ -78,11 +78,11 @@ def _options(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
                        param="options.num_predict")
     if predict is None or predict < 0:
         predict = limits.default_max_tokens or limits.max_tokens
-    picked = sampling({k: opts[k] for k in SAMPLING_OPTIONS if k in opts}, limits.seed)
+    picked = sampling({k: opts[k] for k in SAMPLING_OPTIONS if k in opts}, limits.sampling)
     last_n = number(opts, "repeat_last_n", -1, 2**20, picked.repeat_last_n, integer=True)
     picked = replace(picked, repeat_last_n=loaded.capacity if last_n == -1 else last_n)
     return {"max_tokens": min(predict, limits.max_tokens), "sampling": picked,
-            "stop": stops(opts.get("stop"), "options.stop", most=16)}
+            "stop": stops(opts.get("stop"), "options.stop", 16, limits.stop)}
 
 
 def _format(value: Any) -> tuple[bool, Schema | None]:

@@ -64,7 +64,7 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     draft = draft_field(body)
     return {"draft": draft, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
             "n": number(body, "n", 1, MOST_CHOICES, 1, integer=True),
-            "stop": stops(body.get("stop")), "sampling": sampling(body, limits.seed), "stream": stream,
+            "stop": stops(body.get("stop"), default=limits.stop), "sampling": sampling(body, limits.sampling), "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
             "ignore_eos": flag(body, "ignore_eos"), "grammar": _grammar(body, json_format),
             "logit_bias": logit_bias(body.get("logit_bias"), limits.n_vocab)}

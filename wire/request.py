@@ -19,7 +19,8 @@ class Limits:
     model: str  # the name the served model answers to
     aliases: tuple[str, ...] = ()  # more names it answers to (--alias)
     default_max_tokens: int | None = None  # for requests that give none (None: the clamp)
-    seed: int | None = None  # for requests that give none (--seed)
+    sampling: Sampling = Sampling()  # for the fields a request leaves out (serve --seed, a created model's preset)
+    stop: tuple[str, ...] = ()  # for requests that give no stop strings (a created model's preset)
     n_vocab: int = 0  # token ids run from 0 to n_vocab - 1
     tool_format: str = "generic"  # the model's tool-call format family (or --tool-format)
     fingerprint: str = ""  # system_fingerprint: tallow's version, the model's digest, the deterministic flag

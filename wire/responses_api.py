@@ -124,8 +124,8 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise APIError("'store' must be true or false", param="store")
-    return Parsed(messages=messages, prompt=None, max_tokens=max_tokens, stop=stops(body.get("stop")),
-                  sampling=sampling(body, limits.seed), stream=flag(body, "stream"), include_usage=True,
+    return Parsed(messages=messages, prompt=None, max_tokens=max_tokens, stop=stops(body.get("stop"), default=limits.stop),
+                  sampling=sampling(body, limits.sampling), stream=flag(body, "stream"), include_usage=True,
                   logprobs=None, json_format=json_format, schema=schema, draft=draft, tools=choice,
                   logit_bias=logit_bias(body.get("logit_bias"), limits.n_vocab),
                   extra={"instructions": instructions, "store": store, "text": body.get("text"),

@@ -11,11 +11,13 @@ from typing import Callable, Iterator
 import typer
 
 from tallow.cli import options as o
+from tallow.cli import presets
 from tallow.cli.models import open_scheduler
 from tallow.cli.render import animated, err_console
 from tallow.common.errors import TallowError
 
 
+@presets.with_preset
 def batch(
     input: Path = typer.Argument(..., help="Requests, one JSON object per line: {\"id\", \"messages\"} or {\"id\", \"prompt\"}, with optional settings.", show_default=False),
     output: Path = typer.Option(..., "--output", "-o", help="Results, one JSON object per line; appended to, and ids already there are skipped.", show_default=False),
@@ -104,7 +106,8 @@ def batch(
             stats = BatchStats(total=total)
             with _progress(total) as show:
                 limits = Limits(max_tokens=max_tokens, model=name, n_vocab=sched.engine.model.n_vocab,
-                                tool_format=forced_format or sched.engine.tool_format())
+                                tool_format=forced_format or sched.engine.tool_format(),
+                                sampling=presets.sampling_base(), stop=presets.stops())
                 run_batch(sched, read_lines(input), out, limits, previous, stats, show)
         finally:
             sched.close()

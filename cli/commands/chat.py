@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from tallow.cli import options as o
-from tallow.cli import settings
+from tallow.cli import presets, settings
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, out_console, stats_line, stderr_is_terminal
@@ -34,6 +34,7 @@ Ctrl-C stops an answer; at the prompt it clears the line""".format(params=", ".j
 _SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+@presets.with_preset
 def chat(
     model: o.Model,
     system: o.System = None,
@@ -88,7 +89,7 @@ def chat(
                         "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None})
     grammar, schema = o.structured(format_, json_schema)
-    chat_settings = ChatSettings(replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    chat_settings = ChatSettings(replace(presets.sampling_base(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                               repeat_penalty=repeat_penalty, seed=seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar)

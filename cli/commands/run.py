@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
+from tallow.cli import presets, settings
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.errors import EXIT_INTERRUPTED
 from tallow.cli.models import open_engine
@@ -36,6 +36,7 @@ def read_prompt(prompt: str | None) -> tuple[str, str | None]:
     return text, (piped if piped and prompt else None)
 
 
+@presets.with_preset
 def run(
     model: o.Model,
     prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
@@ -108,7 +109,7 @@ def run(
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
     tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
-    sampling = replace(DEFAULT, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    sampling = replace(presets.sampling_base(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                        repeat_penalty=repeat_penalty, seed=seed)
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)

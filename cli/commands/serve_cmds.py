@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
+from tallow.cli import presets, settings
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
 from tallow.serve.config import RunnerConfig
@@ -21,6 +21,7 @@ from tallow.serve.config import RunnerConfig
 DEFAULT = RunnerConfig()  # serve's defaults, defined once (serve/config.py); the options show them
 
 
+@presets.knows_given
 def serve(
     models: Optional[list[str]] = typer.Argument(None, help="Models to load at start (default: none; every stored model is served on demand).", show_default=False, autocompletion=o.complete_model),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."),
@@ -117,7 +118,8 @@ def serve(
                             kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
                             tool_format=forced_format, history=history,
-                            mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls)
+                            mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls,
+                            given=presets.given_fields())
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
@@ -260,7 +262,7 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
         for key, opts in per_model.items():
             if registry.find(key).name == name:
                 conf = conf.with_options(opts)
-        return conf
+        return presets.for_runner(conf, registry.find(name).preset)
 
     def args_for(name: str) -> list[str]:
         return ["--config", config_for(name).to_json()]

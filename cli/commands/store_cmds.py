@@ -94,6 +94,7 @@ def list_models(as_json: o.JsonList = False) -> None:
 def show(
     model: o.Model,
     template: bool = typer.Option(False, "--template", help="Print only the chat template."),
+    modelfile: bool = typer.Option(False, "--modelfile", help="Print a Modelfile that makes this model again (tallow create)."),
     fit: bool = typer.Option(False, "--fit", help="Print the memory it needs (weights, KV cache, compute), without loading it."),
     ctx: o.Ctx = None,
     gpu_layers: o.GpuLayers = "auto",
@@ -110,6 +111,7 @@ def show(
       tallow show smollm2:135m --fit --ctx 8192
       tallow show smollm2:135m --fit --gpu-layers 20 --vram 4GB
       tallow show smollm2:135m --fit --ctx 32768 --cache-type-k q8_0 --cache-type-v q8_0
+      tallow show terse --modelfile
     """
     if (cache_type_k, cache_type_v) != ("f16", "f16") and not fit:
         raise typer.BadParameter("the KV cache's types change the plan: add --fit", param_hint="--cache-type-k")
@@ -132,9 +134,17 @@ def show(
     if fit:
         _show_fit(found, ctx, gpu_layers, as_json, vram_bytes, kv)
         return
+    if modelfile:
+        from tallow.models.create import modelfile_of
+        from tallow.models.modelfile import render
+        from tallow.models.preset import Preset
+
+        sys.stdout.write(modelfile_of(st, manifest) if manifest else render(str(found.path), Preset()))
+        return
     infos = [read_gguf(p) for p in found.paths]
     info = infos[0]
-    chat = info.metadata.get("tokenizer.chat_template")
+    preset = manifest.preset if manifest else None
+    chat = (preset.template if preset else None) or info.metadata.get("tokenizer.chat_template")
     if template:
         if not isinstance(chat, str):
             raise TallowError(f"{found.name} has no chat template")
@@ -161,6 +171,7 @@ def show(
         "has_chat_template": isinstance(chat, str),
         "pooling": _pooling(info.metadata),
         "embedding_length": info.metadata.get(f"{info.architecture}.embedding_length"),
+        "preset": preset.to_json() if preset else None,
     }
     data.update(_projector_part(found, manifest, "embedding" if data["pooling"] else "completion"))
     if as_json:
@@ -237,6 +248,8 @@ def _render_show(d: dict) -> None:
         p = d["projector"]
         out.write(f"  {'projector':<15}{p['name']} ({p['type']}, {p['file_type'] or '?'}, {human_count(p['parameters'])} "
                   f"parameters, {human_bytes(p['size'])})\n")
+    if d["preset"]:
+        out.write(f"  {'settings':<15}{_preset_line(d['preset'])} (tallow show --modelfile)\n")
     if d["pooling"]:
         kind = "a reranker: /v1/rerank" if d["pooling"] == "rank" else "tallow embed, /v1/embeddings"
         out.write(f"  {'embeddings':<15}{d['embedding_length']} dimensions, {d['pooling']} pooling ({kind})\n")
@@ -246,6 +259,17 @@ def _render_show(d: dict) -> None:
     out.write("  files\n")
     for f in d["files"] + ([d["projector"]["file"]] if d["projector"] else []):
         out.write(f"    {f}\n")
+
+
+def _preset_line(p: dict) -> str:
+    parts = [f"{k}={v}" for k, v in p["parameters"].items()]
+    if p.get("system") is not None:
+        parts.append(f"system prompt {p['system'][:40]!r}")
+    if p.get("messages"):
+        parts.append(f"{len(p['messages'])} few-shot turns")
+    if p.get("template") is not None:
+        parts.append("its own chat template")
+    return ", ".join(parts)
 
 
 def rm(

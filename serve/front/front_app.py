@@ -72,7 +72,8 @@ class FrontApp:
                   Route("/api/version", self.version, methods=["GET"]), Route("/api/tags", self.tags, methods=["GET"]),
                   Route("/api/show", self.show, methods=["POST"]), Route("/api/ps", self.ps, methods=["GET"]),
                   Route("/api/delete", self.delete, methods=["DELETE"]),
-                  Route("/api/copy", self.copy, methods=["POST"]), Route("/api/pull", self.pull, methods=["POST"])]
+                  Route("/api/copy", self.copy, methods=["POST"]), Route("/api/pull", self.pull, methods=["POST"]),
+                  Route("/api/create", self.create, methods=["POST"])]
         proxy = Proxy(self.pool, self.registry, self.cfg.default_model, self.cfg.guard.max_body)
         routes += [Route(p, proxy, methods=["POST"]) for p in OLLAMA_ROUTES]
         for prefix in ("/v1", ""):
@@ -126,6 +127,18 @@ class FrontApp:
         body = await self.body_of(request)
         await run_in_threadpool(self.registry.copy, body.get("source"), body.get("destination"))
         return Response(status_code=200)
+
+    async def create(self, request: HTTPRequest) -> Response:
+        """Ollama's create: the model stored, then its runner (if one has it loaded) stopped,
+        so that the next request loads it with its new settings."""
+        body = await self.body_of(request)
+        made = await run_in_threadpool(self.registry.create, body)
+        await run_in_threadpool(self.pool.unload, made.name)
+        lines = [*({"status": f"using existing layer {f.digest}"} for f in made.stored_files),
+                 {"status": "writing manifest"}, {"status": "success"}]
+        if body.get("stream", True) is False:
+            return JSONResponse(lines[-1])
+        return Response("".join(json.dumps(line) + "\n" for line in lines), media_type="application/x-ndjson")
 
     async def pull(self, request: HTTPRequest) -> Response:
         body = await self.body_of(request)

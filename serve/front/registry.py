@@ -9,17 +9,22 @@ It reads GGUF headers only; nothing here loads a model.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.models.bert_import import pooling_name
+from tallow.models.create import modelfile_of
 from tallow.models.errors import InvalidName, ModelNotFound, NameTaken
 from tallow.models.gguf_file import read_gguf
+from tallow.models.modelfile import render
+from tallow.models.preset import Preset
 from tallow.models.projector import read_projector
 from tallow.models.resolve import LocalModel, locate
 from tallow.models.store import Store
+from tallow.serve.front.create_route import create
 from tallow.wire.fields import APIError
 
 SKIPPED_METADATA = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
@@ -101,9 +106,16 @@ class Registry:
             caps.append("thinking")
         if local.mmproj is not None:
             caps += read_projector(local.mmproj).capabilities
-        return {"license": meta.get("general.license") or "", "modelfile": "", "parameters": "",
+        manifest = self.store.get(local.name) if local.name not in self.files else None
+        preset = local.preset or Preset()
+        template = preset.template or template
+        return {"license": (manifest.license if manifest else None) or meta.get("general.license") or "",
+                "modelfile": modelfile_of(self.store, manifest) if manifest else render(str(local.path), Preset()),
+                "parameters": "\n".join(f"{name:<30} {json.dumps(v) if isinstance(v, str) else v}"
+                                        for name, value in preset.parameters.items()
+                                        for v in (value if isinstance(value, list) else [value])),
                 "template": template if isinstance(template, str) else "", "details": self.details(local),
-                "model_info": model_info, "capabilities": caps,
+                "model_info": model_info, "capabilities": caps, **({"system": preset.system} if preset.system else {}),
                 "modified_at": _time(local.path.stat().st_mtime)}
 
     def copy(self, source: Any, destination: Any) -> None:
@@ -121,6 +133,13 @@ class Registry:
             raise APIError(exc.message, 409, "destination") from exc
         except ModelNotFound as exc:  # removed since it was found
             raise APIError(f"the model '{source}' is not stored", 404, "source", "model_not_found") from exc
+
+    def create(self, body: dict[str, Any]):
+        """Ollama's /api/create (serve/front/create_route.py): the made model's manifest."""
+        from tallow.models.pull import pull
+
+        opts = self.pull_options
+        return create(self.store, body, (lambda ref: pull(ref, self.store, opts())) if opts is not None else None)
 
     def delete(self, text: Any) -> str:
         """Remove a stored model (the runner, if any, is the caller's to stop first)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from starlette.applications import Starlette
@@ -58,7 +59,8 @@ class RunnerApp:
         self.draft_lock = asyncio.Lock()
         engine = self.engine
         self.limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
-                             default_max_tokens=cfg.default_max_tokens, seed=cfg.seed, n_vocab=engine.model.n_vocab,
+                             default_max_tokens=cfg.default_max_tokens, n_vocab=engine.model.n_vocab,
+                             sampling=replace(cfg.sampling, seed=cfg.seed), stop=cfg.stop,
                              tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint,
                              fetch=fetch_media if cfg.media_urls else None)
         self.loaded = ollama_api.Loaded(capacity=sched.capacity, threads=engine.n_threads,

@@ -1,0 +1,115 @@
+"""tallow create and Ollama's /api/create: a model made from another one and a Modelfile's
+settings. The made model is a manifest that points at its base's files (nothing is copied)
+and holds the settings as its preset (models/preset.py); a base given as a file path is
+imported first, as `tallow import` would, under the new name."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from tallow.models.catalog import PackagedModel
+from tallow.models.errors import InvalidName, ModelNotFound, NameTaken, TallowError
+from tallow.models.modelfile import Modelfile, ModelfileError, render
+from tallow.models.names import parse_name
+from tallow.models.preset import Preset
+from tallow.models.pull import import_file
+from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
+from tallow.models.resolve import not_found, stored_names
+from tallow.models.store import Manifest, Store
+
+Fetch = Callable[[HubRef | PackagedModel], Manifest]  # pulls a base that is not stored
+
+
+class BaseNotFound(ModelfileError):
+    """FROM names a model that is not stored and cannot be pulled."""
+
+
+def is_created(manifest: Manifest) -> bool:
+    return manifest.source.get("kind") == "create"
+
+
+def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | None = None,
+                 check_template: Callable[[str], Any] | None = None, where: str = "Modelfile",
+                 verify: Callable[[list[Path]], None] | None = None, folder: Path | None = None) -> Manifest:
+    """Store `modelfile` as the model `name`; returns its manifest. `fetch`: how to pull a FROM
+    that is not stored (None: such a FROM is an error, as when offline); `check_template`
+    raises for a TEMPLATE that cannot be used; `verify` checks a FROM file as import does; a
+    relative FROM path starts from `folder` (the Modelfile's). Nothing is written unless
+    everything checks."""
+    name = str(parse_name(name))
+    line = modelfile.from_line
+
+    def err(message: str, hint: str | None = None) -> ModelfileError:
+        return ModelfileError(line, message, hint, where=where)
+
+    if modelfile.adapters:
+        raise ModelfileError(modelfile.adapters[0][1], "ADAPTER: tallow create does not take LoRA adapters yet",
+                             "leave ADAPTER out", where=where)
+    existing = store.get(name)
+    if existing is not None and not is_created(existing):
+        raise NameTaken(f"a model named {name} is stored and was not made by tallow create: it is not replaced",
+                        "pick another name, or tallow rm it first")
+    if modelfile.preset.template is not None and check_template is not None:
+        try:
+            check_template(modelfile.preset.template)
+        except TallowError as exc:
+            raise ModelfileError(modelfile.template_line, exc.message, exc.hint, where=where) from None
+
+    def made(base: Manifest) -> Manifest:
+        preset = modelfile.preset.over(base.preset or Preset())
+        return replace(base, name=name, source={"kind": "create", "from": base.name if base.name != name else
+                                                modelfile.source}, license=modelfile.license or base.license,
+                       created=time.time(), preset=None if preset.empty else preset)
+
+    try:
+        ref = parse_ref(modelfile.source)
+    except InvalidName as exc:
+        raise err(f"FROM {modelfile.source}: {exc.message}") from None
+    if isinstance(ref, PathRef):
+        path = ref.path if ref.path.is_absolute() or folder is None else folder / ref.path
+        if not path.is_file():
+            raise err(f"FROM {modelfile.source}: no such file")
+        try:
+            return import_file(path, store, name, link=False, verify=verify, finish=made)
+        except TallowError as exc:
+            raise err(f"FROM {modelfile.source}: {exc.message}", exc.hint) from None
+    base_name = ref.name
+    if str(parse_name(base_name)) == name:
+        raise err(f"FROM {modelfile.source}: a model cannot be created from itself", "name another model in FROM")
+    base = store.get(base_name)
+    if base is None:
+        if isinstance(ref, NameRef):
+            found = not_found(base_name, stored_names(store))
+            raise BaseNotFound(line, f"FROM {modelfile.source}: {found.message}", found.hint, where) from None
+        if fetch is None:
+            raise err(f"FROM {modelfile.source}: it is not stored, and tallow is offline",
+                      f"pull it first: tallow pull {modelfile.source}")
+        try:
+            base = fetch(ref)
+        except ModelNotFound as exc:
+            raise BaseNotFound(line, f"FROM {modelfile.source}: {exc.message}", exc.hint, where) from None
+    manifest = made(base)
+    store.commit(manifest)
+    return manifest
+
+
+def modelfile_of(store: Store, manifest: Manifest) -> str:
+    """A Modelfile that makes `manifest` again: FROM its base while that is stored with the
+    same weights, else FROM the weights' file itself."""
+    base_name = manifest.source.get("from") if is_created(manifest) else None
+    base = store.get(base_name) if isinstance(base_name, str) and _stored_name(base_name) else None
+    same = base is not None and [f.digest for f in base.files] == [f.digest for f in manifest.files]
+    source = base_name if same else str(store.model_file(manifest))
+    inherited = same and base is not None and base.license == manifest.license
+    return render(str(source), manifest.preset or Preset(), (), None if inherited else manifest.license)
+
+
+def _stored_name(text: str) -> bool:
+    try:
+        parse_name(text)
+    except InvalidName:
+        return False
+    return True
