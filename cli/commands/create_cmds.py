@@ -21,12 +21,13 @@ def create(
     file: str = typer.Option("Modelfile", "--file", "-f", help="The Modelfile to read ('-': stdin)."),
     offline: o.Offline = False,
 ) -> None:
-    """Make a model from a Modelfile: a base model with its own settings.
+    """Make a model from a Modelfile: a base with its settings.
 
     The Modelfile names the base (FROM: a stored model, a GGUF path, or a hub reference,
     pulled if it is not stored) and the settings the new model starts from: PARAMETER,
-    SYSTEM, TEMPLATE (Jinja) and MESSAGE, as Ollama's. Only a manifest is written: the new
-    model uses its base's files. Flags and request fields still override its settings.
+    SYSTEM, TEMPLATE (Jinja) and MESSAGE, as Ollama's. From a stored model only a manifest
+    is written: the new model uses its base's files. Flags and request fields still
+    override its settings.
 
     \b
     Examples:
