@@ -137,14 +137,16 @@ def with_projector(local, load: LoadSettings, projector: str, media: set[str] | 
     return replace(load, mmproj=mmproj)
 
 
-def with_persona(load: LoadSettings, local) -> LoadSettings:
-    """The load with a created model's system prompt, few-shot turns and template (its preset)."""
+def with_own_settings(load: LoadSettings, local) -> LoadSettings:
+    """The load with a created model's system prompt, few-shot turns and template (its
+    preset), and its stored adapters before the ones --lora adds (their ids follow)."""
     from dataclasses import replace
 
-    from tallow.runtime.types import Persona
+    from tallow.runtime.types import LoraSpec, Persona
 
     p = local.preset
-    return load if p is None else replace(load, persona=Persona(p.system, p.messages, p.template))
+    load = load if p is None else replace(load, persona=Persona(p.system, p.messages, p.template))
+    return replace(load, loras=tuple(LoraSpec(a) for a in local.adapters) + load.loras) if local.adapters else load
 
 
 def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False) -> RemoteEngine:
@@ -166,7 +168,7 @@ def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = 
     from tallow.runtime.engine import Engine
 
     local = find_model(text, offline)
-    engine = Engine(local.paths, with_persona(with_projector(local, load, projector, media), local))
+    engine = Engine(local.paths, with_own_settings(with_projector(local, load, projector, media), local))
     _say_fit(engine)
     if disk_cache:
         attach_cache(engine, local)
@@ -180,7 +182,7 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
     from tallow.runtime.scheduler import Scheduler
 
     local = find_model(text, offline)
-    scheduler = Scheduler.load(local.paths, with_persona(with_projector(local, load, "if-stored"), local), sched)
+    scheduler = Scheduler.load(local.paths, with_own_settings(with_projector(local, load, "if-stored"), local), sched)
     scheduler.engine.digest = local.sha256
     _say_fit(scheduler.engine)
     if disk_cache:

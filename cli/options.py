@@ -61,6 +61,7 @@ DraftMin = Annotated[int, typer.Option("--draft-min", min=0, max=64, help="With 
 DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0, help="With --draft MODEL: stop a draft where the draft model's top probability falls under this.")]
 Format = Annotated[Optional[str], typer.Option("--format", help="'json': the answer is always one JSON object (grammar-constrained).", show_default=False)]
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
+Lora = Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter (GGUF) to load with the model, FILE or FILE:SCALE (repeatable; the scale defaults to 1, 0 loads it unapplied).", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
 ToolFormat = Annotated[str, typer.Option("--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
@@ -150,6 +151,30 @@ def read_media(images: list[str] | None, audio: list[str] | None) -> list:
             raise MediaError(f"cannot read the {noun} {p}: {exc.strerror or exc}") from None
         out.append(decode(raw, f"the {noun} {p}"))
     return out
+
+
+def loras(values: list[str] | None, where: str = "--lora") -> tuple:
+    """--lora FILE[:SCALE] values as runtime.types.LoraSpec, each file checked to exist."""
+    import math
+
+    from tallow.runtime.types import LoraSpec
+
+    out = []
+    for value in values or ():
+        path, scale = value, 1.0
+        head, sep, tail = value.rpartition(":")
+        if sep and head:
+            try:
+                scale = float(tail)
+                path = head
+            except ValueError:
+                pass  # a path with a colon in it
+        if not math.isfinite(scale) or abs(scale) > 100:
+            raise typer.BadParameter(f"{value!r}: the scale must be a number between -100 and 100", param_hint=where)
+        if not Path(path).expanduser().is_file():
+            raise typer.BadParameter(f"no adapter file {path}", param_hint=where)
+        out.append(LoraSpec(Path(path).expanduser().resolve(), scale))
+    return tuple(out)
 
 
 def checked_mmproj(mmproj: Path | None) -> Path | None:

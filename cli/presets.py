@@ -6,7 +6,7 @@ place of run's, chat's and batch's flags that were not given; `for_runner` does 
 for one model of `tallow serve` (the flags serve was given, and --model-option's, win);
 the sampling settings without a flag and the stop strings reach requests through
 `sampling_base`, `stops` and the runner's config. The system prompt, few-shot turns and
-template travel in LoadSettings.persona (cli/models.py, `with_persona`) and are put around
+template travel in LoadSettings.persona (cli/models.py, `with_own_settings`) and are put around
 every conversation by the engine (runtime/template.py, `framed`).
 """
 

@@ -10,12 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from tallow.models.adapter import check_adapters
 from tallow.models.catalog import PackagedModel
 from tallow.models.errors import InvalidName, ModelNotFound, NameTaken, TallowError
 from tallow.models.modelfile import Modelfile, ModelfileError, render
 from tallow.models.names import parse_name
 from tallow.models.preset import Preset
-from tallow.models.pull import import_file
+from tallow.models.pull import import_file, store_file
 from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
 from tallow.models.resolve import not_found, stored_names
 from tallow.models.store import Manifest, Store
@@ -45,9 +46,7 @@ def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | N
     def err(message: str, hint: str | None = None) -> ModelfileError:
         return ModelfileError(line, message, hint, where=where)
 
-    if modelfile.adapters:
-        raise ModelfileError(modelfile.adapters[0][1], "ADAPTER: tallow create does not take LoRA adapters yet",
-                             "leave ADAPTER out", where=where)
+    adapters = _adapter_paths(modelfile, folder, where)
     existing = store.get(name)
     if existing is not None and not is_created(existing):
         raise NameTaken(f"a model named {name} is stored and was not made by tallow create: it is not replaced",
@@ -60,9 +59,11 @@ def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | N
 
     def made(base: Manifest) -> Manifest:
         preset = modelfile.preset.over(base.preset or Preset())
+        _check_adapters(adapters, store.paths(base), base.name, where)
         return replace(base, name=name, source={"kind": "create", "from": base.name if base.name != name else
                                                 modelfile.source}, license=modelfile.license or base.license,
-                       created=time.time(), preset=None if preset.empty else preset)
+                       created=time.time(), preset=None if preset.empty else preset,
+                       adapters=base.adapters + [store_file(p, store) for p, _ in adapters])
 
     try:
         ref = parse_ref(modelfile.source)
@@ -72,6 +73,7 @@ def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | N
         path = ref.path if ref.path.is_absolute() or folder is None else folder / ref.path
         if not path.is_file():
             raise err(f"FROM {modelfile.source}: no such file")
+        _check_adapters(adapters, [path], path.name, where)  # before anything is copied
         try:
             return import_file(path, store, name, link=False, verify=verify, finish=made)
         except TallowError as exc:
@@ -104,7 +106,30 @@ def modelfile_of(store: Store, manifest: Manifest) -> str:
     same = base is not None and [f.digest for f in base.files] == [f.digest for f in manifest.files]
     source = base_name if same else str(store.model_file(manifest))
     inherited = same and base is not None and base.license == manifest.license
-    return render(str(source), manifest.preset or Preset(), (), None if inherited else manifest.license)
+    own = manifest.adapters[len(base.adapters):] if same and base is not None and \
+        manifest.adapters[:len(base.adapters)] == base.adapters else manifest.adapters
+    return render(str(source), manifest.preset or Preset(), [str(store.file_path(f)) for f in own],
+                  None if inherited else manifest.license)
+
+
+def _adapter_paths(modelfile: Modelfile, folder: Path | None, where: str) -> list[tuple[Path, int]]:
+    """The ADAPTER files, found (a relative path starts from the Modelfile's folder)."""
+    out = []
+    for text, line in modelfile.adapters:
+        path = Path(text).expanduser()
+        path = path if path.is_absolute() or folder is None else folder / path
+        if not path.is_file():
+            raise ModelfileError(line, f"ADAPTER {text}: no such file", where=where)
+        out.append((path, line))
+    return out
+
+
+def _check_adapters(adapters: list[tuple[Path, int]], model_paths: list[Path], model_name: str, where: str) -> None:
+    for path, line in adapters:
+        try:
+            check_adapters([path], model_paths, model_name)
+        except TallowError as exc:
+            raise ModelfileError(line, f"ADAPTER {path.name}: {exc.message}", exc.hint, where=where) from None
 
 
 def _stored_name(text: str) -> bool:

@@ -229,6 +229,12 @@ def import_file(path: Path, store: Store, name: str, link: bool, on_progress: Pr
     return manifest
 
 
+def store_file(path: Path, store: Store) -> StoredFile:
+    """A local file copied into the store as a blob (verified by its sha256 as it is copied)."""
+    check_disk(store, path.stat().st_size, path.name)
+    return _place(Path(path).expanduser().resolve(), store, False, no_progress)
+
+
 def _place(path: Path, store: Store, link: bool, on_progress: ProgressFn) -> StoredFile:
     """A local file into the store: hashed and used in place (--link), or copied as a blob."""
     stat = path.stat()

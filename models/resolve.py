@@ -23,6 +23,7 @@ class LocalModel:
     sha256: str | None  # of the first file; known for stored models
     mmproj: Path | None = None  # the stored projector, for images and audio
     preset: Preset | None = None  # a created model's settings: defaults every route starts from
+    adapters: tuple[Path, ...] = ()  # its LoRA adapters (a Modelfile's ADAPTER), loaded at scale 1
 
     @property
     def path(self) -> Path:
@@ -75,4 +76,5 @@ def find_or_pull(text: str, store: Store, opts: PullOptions, on_progress: Progre
 
 def stored_model(manifest: Manifest, store: Store) -> LocalModel:
     return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"),
-                      store.projector_path(manifest), manifest.preset)
+                      store.projector_path(manifest), manifest.preset,
+                      tuple(store.file_path(f) for f in manifest.adapters))

@@ -56,6 +56,7 @@ class Manifest:
     projector: StoredFile | None = None  # the model's mmproj GGUF, for images and audio
     projector_facts: dict[str, Any] = field(default_factory=dict)  # models.projector.ProjectorFacts.to_json
     preset: Preset | None = None  # a created model's own settings (models/preset.py)
+    adapters: list[StoredFile] = field(default_factory=list)  # LoRA adapters a Modelfile's ADAPTER stored
 
     @property
     def size(self) -> int:
@@ -63,8 +64,8 @@ class Manifest:
 
     @property
     def stored_files(self) -> list[StoredFile]:
-        """Every file the model uses: its weights, then its projector."""
-        return self.files + ([self.projector] if self.projector else [])
+        """Every file the model uses: its weights, then its projector and adapters."""
+        return self.files + ([self.projector] if self.projector else []) + self.adapters
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +78,7 @@ class Manifest:
             "created": self.created,
             **({"projector": {**self.projector.to_json(), "facts": self.projector_facts}} if self.projector else {}),
             **({"preset": self.preset.to_json()} if self.preset else {}),
+            **({"adapters": [f.to_json() for f in self.adapters]} if self.adapters else {}),
         }
 
     @classmethod
@@ -89,7 +91,8 @@ class Manifest:
             return cls(str(parse_name(data["name"])), files, dict(data.get("source") or {}), data.get("license"),
                        dict(data.get("gguf") or {}), float(data.get("created") or 0),
                        StoredFile.from_json(proj) if proj else None, dict(proj.get("facts") or {}) if proj else {},
-                       Preset.from_json(data["preset"]) if data.get("preset") else None)
+                       Preset.from_json(data["preset"]) if data.get("preset") else None,
+                       [StoredFile.from_json(f) for f in data.get("adapters") or ()])
         except (InvalidName, PresetError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc.message}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -178,7 +181,10 @@ class Store:
 
     def projector_path(self, manifest: Manifest) -> Path | None:
         f = manifest.projector
-        return None if f is None else Path(f.linked) if f.linked else self.blob_path(f.digest)
+        return None if f is None else self.file_path(f)
+
+    def file_path(self, f: StoredFile) -> Path:
+        return Path(f.linked) if f.linked else self.blob_path(f.digest)
 
     def all(self) -> tuple[list[tuple[Manifest, Path]], list[str]]:
         """Every stored manifest, and a line for each one that cannot be read."""

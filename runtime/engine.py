@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from typing import Sequence as Seq
 
 from tallow.models.bert_import import POOLING
+from tallow.runtime.adapters import Adapters
 from tallow.runtime.errors import ContextOverflow, DraftError
 from tallow.runtime.loadplan import (
     check_draft_fit,
@@ -110,6 +111,7 @@ class Engine:
                                     self.model.meta)
         self.drafts = None
         try:
+            self.adapters = Adapters(self.model, self.ctx, settings.loras, paths)  # LoRA, by id
             self.projector = self._projector(settings.mmproj, n_threads, encoder_flash)
             self.drafts = self._draft_model(settings, paths, n_threads, layers)
         except BaseException:
@@ -274,7 +276,7 @@ class Engine:
         self.disk = DiskPrefixes(cache, fingerprint({
             "model": model_sha256, "n_ctx": self.n_ctx, "n_batch": self.n_batch, "type_k": s.type_k, "type_v": s.type_v,
             "flash_attn": self.flash_attn, "rope": "model", "n_seq_max": s.n_seq_max, "llama_cpp": self._backend_version(),
-            "extra_buffers": self.extra_buffers,
+            "extra_buffers": self.extra_buffers, **({"lora": self.adapters.identity()} if s.loras else {}),
             **({"mmproj": self._projector_identity()} if self._settings.mmproj is not None else {}),
         }))
 
@@ -329,7 +331,9 @@ class Engine:
         yield run.final()
 
     def _prefill(self, run: OutputStream, prompt: list[int], sampler) -> None:
-        seq, disk = self.sequence, self.disk
+        seq, key = self.sequence, self.adapters.claim(self.sequence, run.request.lora)
+        self.adapters.apply(key)
+        disk = self.disk if self.adapters.disk_ok(key) else None
         cached, points = begin_request(seq, run, disk, sampler)
         todo = prompt[cached:]
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
+from tallow.runtime.adapters import next_group
 from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
@@ -64,6 +65,7 @@ class _Job:
         self.draft: list[int] = []  # guesses decoded after next_token in this step
         self.points: list[int] = []  # cache points to save when the prefill reaches them
         self.leader: _Job | None = None  # the job this one forks from (Scheduler.submit's fork_of)
+        self.lora: tuple[float, ...] = ()  # its adapter set (runtime/adapters.py), fixed when it starts
 
     @property
     def held(self) -> _Slot:
@@ -116,6 +118,7 @@ class Scheduler:
         self._closing = False
         self.stats = Stats()
         self.media = MediaPrefill(engine)
+        self._lora: tuple[float, ...] | None = None  # the adapter set decoded last step
         self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
         self._thread.start()
 
@@ -260,8 +263,11 @@ class Scheduler:
             slot.job = None
             self._emit(job, Failure(e))
             return
+        adapters = self.engine.adapters
+        job.lora = adapters.claim(slot.sequence, job.request.lora)  # cells of another set are dropped
         self._fork(job, slot)
-        _, job.points = begin_request(slot.sequence, job.run, self.engine.disk, job.sampler)
+        disk = self.engine.disk if adapters.disk_ok(job.lora) else None
+        _, job.points = begin_request(slot.sequence, job.run, disk, job.sampler)
         self._active.append(job)
 
     def _expire(self) -> None:
@@ -282,12 +288,13 @@ class Scheduler:
         busy = 1 if self.settings.deterministic else len(decoding)
         return {id(job): d for job, d in zip(jobs, propose_all(rooms, self.engine.drafts, busy))}
 
-    def _calls(self) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
-        """This step's llama_decode calls: (entries, [(row, job) to sample])."""
+    def _calls(self, active: list[_Job]) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
+        """This step's llama_decode calls for `active` (one adapter set's jobs): (entries,
+        [(row, job) to sample])."""
         det = self.settings.deterministic
         decode: list[tuple[int, int, int, bool]] = []
         wants: list[tuple[int, _Job]] = []
-        decoding = sorted((j for j in self._active if j.next_token is not None), key=lambda j: j.held.seq)
+        decoding = sorted((j for j in active if j.next_token is not None), key=lambda j: j.held.seq)
         seqs = {j.held.seq for j in decoding}
         spare = max(0, (self.n_batch - 2 * len(decoding)) // max(1, len(decoding)))  # draft room each
         drafts = self._drafts(decoding, spare)
@@ -306,7 +313,7 @@ class Scheduler:
             job.next_token = None
         separate = []  # deterministic prefill chunks, each a call of its own
         budget = self.n_batch - len(decode)
-        for job in list(self._active):
+        for job in list(active):
             prompt, slot = job.request.prompt_tokens, job.held
             start = len(slot.kv)
             if job.run.t_decode_start is not None or start >= len(prompt):
@@ -364,7 +371,9 @@ class Scheduler:
         ctx = self.engine.ctx
         self.engine.pace()
         step_began = time.perf_counter()
-        calls = self._calls()
+        self._lora, group = next_group(self._active, self._lora)  # llama.cpp's adapters are per context
+        self.engine.adapters.apply(self._lora)
+        calls = self._calls(group)
         if not calls and self.media.busy():
             self.media.wait(0.05)  # nothing to step but an encode: wait for it, not spin
         decoded: float | None = None
@@ -441,7 +450,7 @@ class Scheduler:
         final = job.run.final()
         self.stats.count(final)
         disk, slot = self.engine.disk, job.slot
-        if disk is not None and slot is not None and disk.prefixes(job.request):
+        if disk is not None and slot is not None and disk.prefixes(job.request) and self.engine.adapters.disk_ok(job.lora):
             self._emit(job, final)  # the answer first: saving its prompt never delays it
             disk.save(slot.sequence, job.request)
             self._release(job)

@@ -30,6 +30,13 @@ class DraftLimits:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter to load with the model (--lora FILE[:SCALE], a Modelfile's ADAPTER)."""
+    path: Path
+    scale: float = 1.0  # the default for requests that name no adapters (0: loaded, not applied)
+
+
+@dataclass(frozen=True)
 class Persona:
     """A created model's conversation settings (models/preset.py, from its Modelfile): put
     around every conversation that is not raw (runtime/template.py, `framed`)."""
@@ -71,6 +78,7 @@ class LoadSettings:
     draft_limits: DraftLimits = DraftLimits()
     draft_name: str | None = None  # the draft model's name, as reports show it (None: its file's)
     persona: Persona = Persona()  # a created model's system prompt, few-shot turns and template
+    loras: tuple[LoraSpec, ...] = ()  # LoRA adapters, by id (their order): runtime/adapters.py
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class Request:
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
     media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
+    lora: tuple[float, ...] | None = None  # each loaded adapter's scale, by id; None: the engine's defaults
 
 
 @dataclass

@@ -65,6 +65,7 @@ class RunnerConfig:
     type_v: str = "f16"
     no_cache: bool = False
     mmproj: str | None = None  # the model's projector, for images in requests
+    loras: tuple[tuple[str, float], ...] = ()  # LoRA adapters (path, default scale): serve --lora, lora=
     media_urls: bool = False  # fetch http(s) media URLs (serve --allow-media-urls; never when offline)
     embed_batch: int = 512  # an embedding model's tokens per decode
     # the HTTP app
@@ -93,6 +94,8 @@ class RunnerConfig:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown runner settings: {', '.join(unknown)}")
+        if "loras" in data:
+            data["loras"] = tuple((str(p), float(s)) for p, s in data["loras"])
         for key in ("aliases", "draft_files", "stop", "given"):
             if key in data:
                 data[key] = tuple(data[key])

@@ -56,9 +56,9 @@ def _lone_surrogate(value: Any, where: str) -> str | None:
     return None
 
 
-def parse_json(raw: bytes, what: str = "the request body") -> dict[str, Any]:
-    """The request body: a JSON object; NaN and Infinity, which JSON does not have, and
-    strings holding a lone surrogate are refused."""
+def parse_json(raw: bytes, what: str = "the request body", allow_list: bool = False) -> Any:
+    """The request body: a JSON object (or, `allow_list`, an array); NaN and Infinity, which
+    JSON does not have, and strings holding a lone surrogate are refused."""
     def no_constants(name: str):
         raise ValueError(f"{name} is not a JSON number")
 
@@ -66,8 +66,8 @@ def parse_json(raw: bytes, what: str = "the request body") -> dict[str, Any]:
         value = json.loads(raw, parse_constant=no_constants)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise APIError(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise APIError(f"{what} must be a JSON object")
+    if not isinstance(value, dict) and not (allow_list and isinstance(value, list)):
+        raise APIError(f"{what} must be a JSON {'array' if allow_list else 'object'}")
     if _SURROGATE_ESCAPE.search(raw):  # rare: only then walk the whole body
         where = _lone_surrogate(value, "")
         if where is not None:
@@ -290,3 +290,23 @@ def logit_bias(value: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
             raise APIError(f"'logit_bias': the bias of token {k} must be a number from -100 to 100", param="logit_bias")
         out.append((int(k), float("-inf") if v <= -100 else float(v)))
     return tuple(out)
+
+
+def lora_scales(value: Any, n_adapters: int, name: str = "lora") -> tuple[float, ...] | None:
+    """llama-server's [{"id": N, "scale": S}]: every loaded adapter's scale for this request,
+    by id (an adapter not named is off); None when the field is absent."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(e, dict) and set(e) <= {"id", "scale"} for e in value):
+        raise APIError(f"'{name}' must be a list of {{\"id\": N, \"scale\": S}}", param=name)
+    scales = [0.0] * n_adapters
+    seen = set()
+    for i, entry in enumerate(value):
+        where = f"{name}[{i}]"
+        adapter = entry.get("id")
+        if not isinstance(adapter, int) or isinstance(adapter, bool) or not 0 <= adapter < n_adapters or adapter in seen:
+            raise APIError(f"'{where}.id' must name a loaded adapter once (this model has {n_adapters}: "
+                           "GET /lora-adapters lists them)", param=name)
+        seen.add(adapter)
+        scales[adapter] = float(number(entry, "scale", -100, 100, 1.0))
+    return tuple(scales)

@@ -37,6 +37,7 @@ def batch(
     draft_min: o.DraftMin = 0,
     draft_p_min: o.DraftPMin = 0.75,
     mmproj: o.Mmproj = None,
+    lora: o.Lora = None,
     tool_format: o.ToolFormat = "auto",
     no_cache: o.NoCache = False,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Take the error records out of the output and run those requests again."),
@@ -71,7 +72,8 @@ def batch(
                         "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
                         "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min),
-                        "--tool-format": tool_format != "auto", "--no-cache": no_cache, "--mmproj": mmproj is not None})
+                        "--tool-format": tool_format != "auto", "--no-cache": no_cache, "--mmproj": mmproj is not None,
+                        "--lora": bool(lora)})
     for flag, used in (("--retries", retries != 6), ("--affinity-chars", affinity_chars != 512)):
         if used and not remote:
             raise typer.BadParameter("this spreads requests over servers: give --endpoint", param_hint=flag)
@@ -94,7 +96,7 @@ def batch(
         _report(stats, input, output)
         return
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k, cache_type_v)
-    load = replace(o.with_draft(load, draft), mmproj=o.checked_mmproj(mmproj))
+    load = replace(o.with_draft(load, draft), mmproj=o.checked_mmproj(mmproj), loras=o.loras(lora))
     load = o.draft_model(load, draft, offline, draft_max, draft_min, draft_p_min, target=model)
     with out:
         name, sched = open_scheduler(model, load, offline,
@@ -107,7 +109,8 @@ def batch(
             with _progress(total) as show:
                 limits = Limits(max_tokens=max_tokens, model=name, n_vocab=sched.engine.model.n_vocab,
                                 tool_format=forced_format or sched.engine.tool_format(),
-                                sampling=presets.sampling_base(), stop=presets.stops())
+                                sampling=presets.sampling_base(), stop=presets.stops(),
+                                n_adapters=len(sched.engine.adapters.specs))
                 run_batch(sched, read_lines(input), out, limits, previous, stats, show)
         finally:
             sched.close()

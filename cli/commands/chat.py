@@ -58,6 +58,7 @@ def chat(
     cache_type_v: o.CacheTypeV = "f16",
     raw: o.Raw = False,
     mmproj: o.Mmproj = None,
+    lora: o.Lora = None,
     on_overflow: o.OnOverflow = "drop",
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
@@ -87,7 +88,8 @@ def chat(
                         "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
                         "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
                         "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
-                        "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None})
+                        "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None,
+                        "--lora": bool(lora)})
     grammar, schema = o.structured(format_, json_schema)
     chat_settings = ChatSettings(replace(presets.sampling_base(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                               repeat_penalty=repeat_penalty, seed=seed), max_tokens,
@@ -98,7 +100,7 @@ def chat(
     load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k,
                                                             cache_type_v), draft)
     if load is not None:
-        load = replace(load, mmproj=o.checked_mmproj(mmproj),
+        load = replace(load, mmproj=o.checked_mmproj(mmproj), loras=o.loras(lora),
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))
         load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min, model)
     name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)

@@ -64,6 +64,7 @@ def run(
     image: o.Image = None,
     audio: o.Audio = None,
     mmproj: o.Mmproj = None,
+    lora: o.Lora = None,
     offline: o.Offline = False,
     as_json: o.Json = False,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
@@ -104,7 +105,7 @@ def run(
                         "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
                         "--image": bool(image), "--audio": bool(audio),
-                        "--mmproj": mmproj is not None, "--n": n > 1})
+                        "--mmproj": mmproj is not None, "--n": n > 1, "--lora": bool(lora)})
     if n > 1 and tools_file is not None:
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
@@ -126,7 +127,7 @@ def run(
         cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
     load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k, cache_type_v)
     if load is not None:
-        load = replace(load, mmproj=o.checked_mmproj(mmproj),
+        load = replace(load, mmproj=o.checked_mmproj(mmproj), loras=o.loras(lora),
                        placement=o.placement(device, main_gpu, split_mode, tensor_split))
     if load is not None and text is not None:
         load = o.one_shot(load, text, max_tokens, draft is not None)

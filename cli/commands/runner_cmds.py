@@ -48,6 +48,10 @@ def runner(
     load = replace(load, placement=o.placement(c.device, c.main_gpu, c.split_mode, c.tensor_split))
     if c.mmproj is not None:
         load = replace(load, mmproj=Path(c.mmproj))
+    if c.loras:
+        from tallow.runtime.types import LoraSpec
+
+        load = replace(load, loras=tuple(LoraSpec(Path(p), s) for p, s in c.loras))
     if c.draft_files:
         from tallow.runtime.types import DraftLimits
 

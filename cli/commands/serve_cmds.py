@@ -51,6 +51,7 @@ def serve(
     draft_p_min: o.DraftPMin = 0.75,
     no_cache: o.NoCache = False,
     mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The projector (mmproj GGUF) of the one MODEL: requests may then hold images.", show_default=False),
+    lora: Optional[list[str]] = typer.Option(None, "--lora", help="A LoRA adapter (GGUF) for the first MODEL, FILE or FILE:SCALE (repeatable); requests pick scales with 'lora' and POST /lora-adapters.", show_default=False),
     allow_media_urls: bool = typer.Option(False, "--allow-media-urls", help="Fetch http(s) image URLs that requests name (10 s, 20 MB each): the server then requests any address a client gives it."),
     alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one; it names the first MODEL.", show_default=False),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
@@ -59,7 +60,7 @@ def serve(
     max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
-    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup cache_type_k=T cache_type_v=T' (repeatable).", show_default=False),
+    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup cache_type_k=T cache_type_v=T lora=FILE[:SCALE]' (repeatable).", show_default=False),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
     offline: o.Offline = False,
 ) -> None:
@@ -119,7 +120,7 @@ def serve(
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
                             tool_format=forced_format, history=history,
                             mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls,
-                            given=presets.given_fields())
+                            given=presets.given_fields(), loras=_lora_config(o.loras(lora)))
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
@@ -191,6 +192,10 @@ def _keep_alive(text: str) -> float | None:
         raise typer.BadParameter(str(exc), param_hint="--keep-alive") from exc
 
 
+def _lora_config(specs) -> tuple[tuple[str, float], ...]:
+    return tuple((str(s.path), s.scale) for s in specs)
+
+
 def _model_options(values: list[str], drafts: _Drafts, kv: tuple[str, str, str]) -> dict[str, dict]:
     """Each --model-option's settings, checked; `kv`: serve's own KV types and flash attention."""
     out: dict[str, dict] = {}
@@ -205,6 +210,9 @@ def _model_options(values: list[str], drafts: _Drafts, kv: tuple[str, str, str])
             if k in ("cache_type_k", "cache_type_v") and v:
                 opts["type_" + k[-1]] = v
                 continue
+            if k == "lora" and v:
+                opts["loras"] = opts.get("loras", ()) + _lora_config(o.loras([v], "--model-option"))
+                continue
             if k == "gpu_layers" and (v in ("auto", "all") or v.isdigit()):
                 opts[k] = v
                 continue
@@ -214,7 +222,8 @@ def _model_options(values: list[str], drafts: _Drafts, kv: tuple[str, str, str])
                 continue
             if k not in ("parallel", "ctx") or not v.isdigit() or int(v) < 1:
                 raise typer.BadParameter(f"{pair!r}: use parallel=N, ctx=N (whole numbers), gpu_layers=auto|all|N, "
-                                         "device=NAMES, draft=MODEL|lookup, cache_type_k=TYPE or cache_type_v=TYPE",
+                                         "device=NAMES, draft=MODEL|lookup, cache_type_k=TYPE, cache_type_v=TYPE or "
+                                         "lora=FILE[:SCALE]",
                                          param_hint="--model-option")
             opts[k] = int(v)
         if "type_k" in opts or "type_v" in opts:
@@ -257,7 +266,7 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
 
     def config_for(name: str) -> RunnerConfig:
         # --mmproj and --draft MODEL are the first MODEL's
-        conf = base if name == (names or [None])[0] else replace(base, mmproj=None, draft_files=(), draft_name=None,
+        conf = base if name == (names or [None])[0] else replace(base, mmproj=None, draft_files=(), draft_name=None, loras=(),
                                                                  draft=None if base.draft_files else base.draft)
         for key, opts in per_model.items():
             if registry.find(key).name == name:

@@ -73,7 +73,8 @@ class FrontApp:
                   Route("/api/show", self.show, methods=["POST"]), Route("/api/ps", self.ps, methods=["GET"]),
                   Route("/api/delete", self.delete, methods=["DELETE"]),
                   Route("/api/copy", self.copy, methods=["POST"]), Route("/api/pull", self.pull, methods=["POST"]),
-                  Route("/api/create", self.create, methods=["POST"])]
+                  Route("/api/create", self.create, methods=["POST"]),
+                  Route("/lora-adapters", self.lora_adapters, methods=["GET", "POST"])]
         proxy = Proxy(self.pool, self.registry, self.cfg.default_model, self.cfg.guard.max_body)
         routes += [Route(p, proxy, methods=["POST"]) for p in OLLAMA_ROUTES]
         for prefix in ("/v1", ""):
@@ -139,6 +140,19 @@ class FrontApp:
         if body.get("stream", True) is False:
             return JSONResponse(lines[-1])
         return Response("".join(json.dumps(line) + "\n" for line in lines), media_type="application/x-ndjson")
+
+    async def lora_adapters(self, request: HTTPRequest) -> Response:
+        """llama-server's /lora-adapters, for the model `?model=` names (default: the first
+        MODEL): relayed to its runner, which is loaded for it if need be."""
+        local = self.registry.find(request.query_params.get("model") or self.cfg.default_model or "")
+        raw = await read_body(request, self.cfg.guard.max_body) if request.method == "POST" else b""
+        runner, _ = await run_in_threadpool(self.pool.acquire, local.name)
+        try:
+            reply = await upstream.request(runner.socket, request.method, "/lora-adapters", raw,
+                                           {"Content-Type": "application/json"})
+            return Response(await reply.body(), reply.status, media_type=reply.content_type)
+        finally:
+            self.pool.release(runner)
 
     async def pull(self, request: HTTPRequest) -> Response:
         body = await self.body_of(request)

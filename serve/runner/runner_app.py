@@ -37,7 +37,7 @@ from tallow.serve.media_fetch import fetch_media
 from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
-from tallow.wire.fields import APIError, parse_json
+from tallow.wire.fields import APIError, lora_scales, parse_json
 from tallow.wire.openai_api import parse_chat, parse_completion, to_request
 from tallow.wire.request import Limits
 from tallow.wire.streams import MessagesAdapter, OllamaAdapter, ResponsesAdapter, choice_adapters, choices_of
@@ -60,6 +60,7 @@ class RunnerApp:
         engine = self.engine
         self.limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
                              default_max_tokens=cfg.default_max_tokens, n_vocab=engine.model.n_vocab,
+                             n_adapters=len(engine.adapters.specs),
                              sampling=replace(cfg.sampling, seed=cfg.seed), stop=cfg.stop,
                              tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint,
                              fetch=fetch_media if cfg.media_urls else None)
@@ -74,7 +75,8 @@ class RunnerApp:
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/api/chat", self.ollama, methods=["POST"]),
-                  Route("/api/generate", self.ollama, methods=["POST"])]
+                  Route("/api/generate", self.ollama, methods=["POST"]),
+                  Route("/lora-adapters", self.lora_adapters, methods=["GET", "POST"])]
         for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
             routes += [
                 Route(f"{prefix}/chat/completions", self.chat_completions, methods=["POST"]),
@@ -212,6 +214,18 @@ class RunnerApp:
         sched = self.sched
         return JSONResponse({"status": "ok", "model": self.cfg.model, "slots": len(sched.slots),
                              "slots_busy": sched.busy_slots, "queue_depth": sched.queue_depth})
+
+    async def lora_adapters(self, request: HTTPRequest) -> Response:
+        """llama-server's adapter list (GET), and its default scales set (POST [{id, scale}]):
+        what requests that name no adapters get from now on."""
+        adapters = self.engine.adapters
+        if request.method == "POST":
+            entries = parse_json(await read_body(request, self.cfg.max_body), allow_list=True)
+            given = lora_scales(entries, len(adapters.specs), "body") or ()
+            named = {e["id"] for e in entries}
+            adapters.defaults = tuple(given[i] if i in named else s for i, s in enumerate(adapters.defaults))
+            return JSONResponse({"success": True})
+        return JSONResponse(adapters.describe())
 
     async def metrics(self, request: HTTPRequest) -> Response:
         page = scheduler_metrics(self.sched)

@@ -89,7 +89,7 @@ def vocabulary(extra_tokens: tuple[str, ...] = ()) -> tuple[list[str], list[int]
     return tokens, types, merges
 
 
-def _as_token(text: str) -> str:
+def as_token(text: str) -> str:
     """A script names tokens by their text; single bytes map through GPT-2's byte alphabet."""
     if text.startswith("<") and text.endswith(">") and len(text) > 1:
         return text
@@ -129,11 +129,11 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str | d
     if script:
         out = np.zeros((n_vocab, N_EMBD), dtype=np.float32)
         for src, dst in script.items():
-            a = tokens.index(_as_token(src))
+            a = tokens.index(as_token(src))
             # a successor, or {successor: its logit}: the normed residual is embd[a] * sqrt(N_EMBD) / |embd[a]|,
             # so a row of embd[a] / |embd[a]| * L / sqrt(N_EMBD) gives logit L after `src` (4 * 8 = 32 by default)
             for nxt, logit in (dst.items() if isinstance(dst, dict) else ((dst, 4.0 * np.sqrt(N_EMBD)),)):
-                out[tokens.index(_as_token(nxt))] += embd[a] / np.linalg.norm(embd[a]) * logit / np.sqrt(N_EMBD)
+                out[tokens.index(as_token(nxt))] += embd[a] / np.linalg.norm(embd[a]) * logit / np.sqrt(N_EMBD)
         w.add_tensor("output.weight", out)
     else:
         t("output.weight", n_vocab, N_EMBD)
