@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
     "rm": ("store_cmds", "rm", "Remove models from the store.", False),
     "cp": ("store_cmds", "cp", "Copy a model to another name.", False),
     "create": ("create_cmds", "create", "Make a model from a Modelfile: a base with its settings.", False),
-    "import": ("store_cmds", "import_model", "Register a local GGUF file, or convert a BERT model.", False),
+    "import": ("store_cmds", "import_model", "Register a GGUF, or convert a BERT model or LoRA adapter.", False),
     "quantize": ("quantize_cmds", "quantize", "Quantize a model into a new stored model.", False),
     "eval": ("quantize_cmds", "eval_models", "Measure perplexity and KL divergence on a text.", False),
     "imatrix": ("quantize_cmds", "imatrix", "Compute an importance matrix for quantize --imatrix.", False),

@@ -19,7 +19,7 @@ from tallow.models.preset import Preset
 from tallow.models.pull import import_file, store_file
 from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
 from tallow.models.resolve import not_found, stored_names
-from tallow.models.store import Manifest, Store
+from tallow.models.store import Manifest, Store, StoredFile
 
 Fetch = Callable[[HubRef | PackagedModel], Manifest]  # pulls a base that is not stored
 
@@ -47,10 +47,7 @@ def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | N
         return ModelfileError(line, message, hint, where=where)
 
     adapters = _adapter_paths(modelfile, folder, where)
-    existing = store.get(name)
-    if existing is not None and not is_created(existing):
-        raise NameTaken(f"a model named {name} is stored and was not made by tallow create: it is not replaced",
-                        "pick another name, or tallow rm it first")
+    _check_replaceable(store, name, "pick another name, or tallow rm it first")
     if modelfile.preset.template is not None and check_template is not None:
         try:
             check_template(modelfile.preset.template)
@@ -138,3 +135,34 @@ def _stored_name(text: str) -> bool:
     except InvalidName:
         return False
     return True
+
+
+def import_adapter(store: Store, name: str, folder: Path, base_name: str) -> Manifest:
+    """`tallow import FOLDER --base MODEL`: a PEFT adapter converted to GGUF and stored as a
+    made model, the stored `base_name` with the adapter (as a Modelfile's ADAPTER would)."""
+    from tallow.models.peft_import import convert_peft
+
+    name = str(parse_name(name))
+    base = store.get(base_name)
+    if base is None:
+        found = not_found(base_name, stored_names(store))
+        raise ModelNotFound(f"--base: {found.message}", found.hint or "pull the base model first")
+    _check_replaceable(store, name, "pick another name with --name, or tallow rm it first")
+    tmp = store.temp_file(".gguf")
+    try:
+        convert_peft(folder, store.paths(base), tmp, base.name)
+        digest, size = store.adopt_written(tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+    adapter = StoredFile(folder.name + ".gguf", digest, size)
+    manifest = replace(base, name=name, source={"kind": "create", "from": base.name, "adapter": str(folder.resolve())},
+                       created=time.time(), adapters=base.adapters + [adapter])
+    store.commit(manifest)
+    return manifest
+
+
+def _check_replaceable(store: Store, name: str, hint: str) -> None:
+    """A made model may be made again; a pulled or imported one is never replaced."""
+    existing = store.get(name)
+    if existing is not None and not is_created(existing):
+        raise NameTaken(f"a model named {name} is stored and was not made by tallow create: it is not replaced", hint)

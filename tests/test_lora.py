@@ -143,3 +143,74 @@ def test_served_requests_pick_their_adapters_and_run_side_by_side(files, home):
             assert status == 400 and words in err["error"]["message"], err
     finally:
         server.close()
+
+
+def peft_folder(folder: Path, pairs: dict[str, tuple], r: int, alpha: float) -> Path:
+    """A PEFT adapter as Hugging Face writes one: Hugging Face module names, A (r, in) and B (out, r)."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": ["q_proj", "k_proj", "v_proj", "lm_head"],
+         "bias": "none", "fan_in_fan_out": False, "base_model_name_or_path": "synthetic"}))
+    tensors = {}
+    for module, (a, b) in pairs.items():
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a
+        tensors[f"base_model.model.{module}.lora_B.weight"] = b
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def rope_rows(b, n_head: int):
+    """Hugging Face's Q/K rows in llama.cpp's order, written out index by index: within head h
+    of size d, row h*d + 2*i + k comes from row h*d + k*d/2 + i (the rotary halves interleaved)."""
+    import numpy as np
+
+    d = b.shape[0] // n_head
+    order = [h * d + k * (d // 2) + i for h in range(n_head) for i in range(d // 2) for k in range(2)]
+    return np.stack([b[j] for j in order])
+
+
+def test_a_peft_adapter_converts_to_the_same_gguf_adapter(files, home, tmp_path):
+    import gguf
+    import numpy as np
+    from helpers.synth import N_HEAD, N_HEAD_KV
+
+    rng = np.random.default_rng(7)
+    r = 2
+
+    def pair(n_in: int, n_out: int):
+        return (rng.standard_normal((r, n_in)).astype(np.float32), rng.standard_normal((n_out, r)).astype(np.float32))
+
+    hf = {"model.layers.0.self_attn.q_proj": pair(64, 64), "model.layers.1.self_attn.k_proj": pair(64, 32),
+          "model.layers.0.self_attn.v_proj": pair(64, 32), "lm_head": pair(64, 275)}
+    folder = peft_folder(tmp_path / "my-lora", hf, r, 4.0)
+    (a_q, b_q), (a_k, b_k), (a_v, b_v), (a_o, b_o) = hf.values()
+    direct = write_adapter(tmp_path / "direct.gguf", "llama", {
+        "blk.0.attn_q.weight": (a_q, rope_rows(b_q, N_HEAD)), "blk.1.attn_k.weight": (a_k, rope_rows(b_k, N_HEAD_KV)),
+        "blk.0.attn_v.weight": (a_v, b_v), "output.weight": (a_o, b_o)}, alpha=4.0)
+
+    made = run_tallow(["import", str(folder), "--base", "script", "--name", "tuned"], home=home)
+    assert made.returncode == 0, made.stderr
+    assert "imported tuned:latest: script:latest with the adapter my-lora" in made.stderr.decode()
+    store = Store(home / "models")
+    converted = store.file_path(store.get("tuned").adapters[0])
+
+    def contents(path: Path) -> dict:
+        reader = gguf.GGUFReader(str(path))
+        fields = {k: reader.fields[k].contents() for k in ("general.type", "general.architecture", "adapter.type",
+                                                             "adapter.lora.alpha")}
+        return {**fields, **{t.name: (tuple(t.shape), np.array(t.data).tobytes()) for t in reader.tensors}}
+
+    assert contents(converted) == contents(direct)
+    assert run_tallow(["run", "tuned", "go", "-n", "2", "--no-cache"], home=home).returncode == 0  # llama.cpp loads it
+
+    wide = peft_folder(tmp_path / "wide", {"model.layers.0.self_attn.q_proj": pair(96, 64)}, r, 4.0)
+    bad = run_tallow(["import", str(wide), "--base", "script"], home=home)
+    assert bad.returncode == 1 and "the adapter wide changes blk.0.attn_q.weight as [96, 64], but script:latest has it as [64, 64]" \
+        in bad.stderr.decode()
+    assert store.get("wide") is None
+    dora = peft_folder(tmp_path / "dora", {"lm_head": pair(64, 275)}, r, 4.0)
+    (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": 4, "use_dora": True}))
+    bad = run_tallow(["import", str(dora), "--base", "script"], home=home)
+    assert bad.returncode == 1 and "use_dora = True: DoRA" in bad.stderr.decode()

@@ -322,16 +322,24 @@ def import_model(
     mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The model's projector (an mmproj GGUF), stored with it: then it takes images.", show_default=False),
     type_: Optional[str] = typer.Option(None, "--type", help="Converting: f16 or f32 weights [default: f16].",
                                         show_default=False),
+    base: Optional[str] = typer.Option(None, "--base", help="PATH is a PEFT LoRA adapter folder for this stored model: convert it, and store the model with it.", show_default=False, autocompletion=o.complete_model),
 ) -> None:
-    """Register a local GGUF file, or convert a BERT model.
+    """Register a GGUF, or convert a BERT model or LoRA adapter.
 
     A .gguf file is copied into the store, or with --link used in place. A Hugging Face
     BERT-family embedding or reranker model (safetensors and tokenizer.json, in a folder,
-    a zip, or a wheel that carries one) is converted to GGUF first, without torch.
+    a zip, or a wheel that carries one) is converted to GGUF first, without torch. With
+    --base, a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) is
+    converted to a GGUF adapter, and the base model with it is stored as NAME.
 
-    Example: tallow import ~/models/phi-3-mini-q4.gguf --name phi3:mini --link
+    \b
+    Examples:
+      tallow import ~/models/phi-3-mini-q4.gguf --name phi3:mini --link
+      tallow import ./my-lora --base smollm2:135m --name smollm2:mine
     """
     st = store()
+    if base is not None:
+        return _import_adapter(st, path, base, name, (link, mmproj, type_))
     convert = path.is_dir() or path.suffix.lower() in (".zip", ".whl")
     if not path.exists():
         raise TallowError(f"{path} does not exist")
@@ -359,6 +367,21 @@ def import_model(
     how = "converted" if convert else "linked" if link else "copied"
     extra = f", with the projector {manifest.projector.path}" if manifest.projector else ""
     err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how}{extra})", soft_wrap=True)
+
+
+def _import_adapter(st, path: Path, base: str, name: str | None, others: tuple) -> None:
+    from tallow.models.create import import_adapter
+    from tallow.models.peft_import import is_peft_adapter
+
+    if any(others):
+        raise TallowError("--link, --mmproj and --type do not go with --base: an adapter is converted and stored")
+    if not is_peft_adapter(path):
+        raise TallowError(f"{path} is not a PEFT adapter folder (it has no adapter_config.json)",
+                          "--base converts a Hugging Face PEFT LoRA adapter; a .gguf adapter goes to --lora or ADAPTER")
+    manifest = import_adapter(st, name or default_name(path), path, base)
+    err_console().print(f"imported {manifest.name}: {manifest.source['from']} with the adapter {path.name} "
+                        f"(converted, {human_bytes(manifest.adapters[-1].size)}; its file: "
+                        f"{st.file_path(manifest.adapters[-1])})", soft_wrap=True, markup=False, highlight=False)
 
 
 def _pooling(metadata) -> str | None:
