@@ -29,8 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.overhead import default_model  # noqa: E402
 from helpers.adapter import write_adapter  # noqa: E402
+
+from benchmarks.overhead import default_model  # noqa: E402
 
 TARGET = 0.9
 N_PROMPT, N_GEN, RANK = 64, 64, 16
