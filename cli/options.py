@@ -62,6 +62,7 @@ DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0, hel
 Format = Annotated[Optional[str], typer.Option("--format", help="'json': the answer is always one JSON object (grammar-constrained).", show_default=False)]
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 Lora = Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter (GGUF) to load with the model, FILE or FILE:SCALE (repeatable; the scale defaults to 1, 0 loads it unapplied).", show_default=False)]
+ReasoningBudget = Annotated[Optional[int], typer.Option("--reasoning-budget", min=0, max=2**31, help="Tokens a reasoning model may think for (its closing marker included) before its thinking is closed and it answers; 0: no thinking [default: no cap].", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
 ToolFormat = Annotated[str, typer.Option("--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]

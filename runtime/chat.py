@@ -66,6 +66,7 @@ class ChatSettings:
     draft: str | None = None  # "lookup": speculative decoding with drafts from the conversation
     logprobs: int | None = None  # each answer token's log-probability, and this many alternatives
     grammar: str | None = None  # every answer follows it (--format json, --json-schema)
+    reasoning_budget: int | None = None  # tokens each answer's reasoning may take (--reasoning-budget)
 
 
 class Conversation:
@@ -98,6 +99,7 @@ class Conversation:
                                           stop=self.settings.stop, sampling=self.settings.sampling,
                                           save_prompt=False, cache_prefixes=[head] if head else [],
                                           draft=self.settings.draft, logprobs=self.settings.logprobs,
+                                          reasoning_budget=self.settings.reasoning_budget,
                                           grammar=self.settings.grammar)
             if self.engine.n_ctx is None or len(request.prompt_tokens) + self._reserve() <= self.engine.n_ctx:
                 # (None: a remote server holds the context and says itself when it overflows)

@@ -31,6 +31,7 @@ from tallow.runtime.loadplan import (
 from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.multimodal import cuts, media_prompt, text_only
 from tallow.runtime.protocol import Events
+from tallow.runtime.sampling import make_sampler
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
 from tallow.runtime.template import framed
@@ -174,9 +175,10 @@ class Engine:
         (or when the model has none). `tools` go to the template as Hugging Face passes them."""
         return self._prompt(messages, raw, tools)[0]
 
-    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None):
+    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None, thinking: bool | None = None):
         """The prompt's tokens and its media spans (runtime/multimodal.py). A message's images
-        are in its "media" list, each at a media marker in its content."""
+        are in its "media" list, each at a media marker in its content. `thinking`: the
+        template's `enable_thinking` switch, when a reasoning budget of 0 sets it."""
         template = None if raw else self.chat_template()
         media = [m for msg in messages for m in msg.get("media") or ()]
         if template is None:
@@ -184,7 +186,7 @@ class Engine:
             if not media:
                 return self.model.tokenize(text, add_special=True, parse_special=False), ()
         else:
-            text = template.render(messages, add_generation_prompt=True, tools=tools)
+            text = template.render(messages, add_generation_prompt=True, tools=tools, thinking=thinking)
         if media:
             return media_prompt(self.projector, self.model, self.path.name, text, media)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
@@ -229,7 +231,8 @@ class Engine:
             from tallow.runtime.tools.choice import prepare
 
             cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
-        tokens, spans = self._prompt(messages, raw, template_tools)
+        switch = kw.get("reasoning_budget") == 0 and template is not None and "enable_thinking" in template.source
+        tokens, spans = self._prompt(messages, raw, template_tools, False if switch else None)
         inside = False
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
@@ -369,28 +372,12 @@ class Engine:
         run.timings.media_ms += (time.perf_counter() - started) * 1000
         return self.projector.decode(self.ctx, span.chunk, embd, self.sequence.next_pos, _SEQ)
 
-    def sampler_for(self, request: Request):
-        """A C sampler chain for the request's settings (the caller closes it); with a lazy
-        tool-call grammar, one that swaps the grammar in when a call opens."""
-        from tallow.runtime.backend import Sampler, SamplerParams
-
-        s = request.sampling
-        banned = self.model.eog_tokens() if request.ignore_eos else ()
-        seed = s.resolved_seed()
-
-        def make(grammar: str | None):
-            return Sampler(self.model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
-                                                     s.repeat_last_n, seed, banned, grammar,
-                                                     s.frequency_penalty, s.presence_penalty, request.logit_bias))
-
-        if request.lazy_grammar is not None:
-            from tallow.runtime.tools.sampler import TriggeredSampler
-
-            return TriggeredSampler(make, self.model.piece, request.lazy_grammar)
-        return make(request.grammar)
+    def sampler_for(self, request: Request, forced=None):
+        """The request's sampler (runtime/sampling.py; the caller closes it)."""
+        return make_sampler(self.model, request, forced)
 
     def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent]:
-        sampler = self.sampler_for(run.request)
+        sampler = self.sampler_for(run.request, run.forced_token)
         try:
             self._prefill(run, prompt, sampler)
             run.decoding()

@@ -258,7 +258,7 @@ class Scheduler:
         job.slot, slot.job = slot, job
         job.drafter = self.engine.drafter_for(job.run, slot.seq)
         try:
-            job.sampler = self.engine.sampler_for(job.request)
+            job.sampler = self.engine.sampler_for(job.request, job.run.forced_token)
         except TallowError as e:
             slot.job = None
             self._emit(job, Failure(e))

@@ -207,6 +207,22 @@ class OutputStream:
         markers = request.reasoning_markers
         self.splitter = ReasoningSplitter(*markers, inside=request.starts_in_reasoning) if markers else None
         self.reasoning_parts: list[str] = []
+        # a reasoning budget: the closing marker's tokens, forced in once the budget would be spent
+        self._closing = model.tokenize(markers[1], add_special=False, parse_special=True) \
+            if markers and request.reasoning_budget is not None else []
+        self._forced: list[int] = []
+        self._budget_check()
+
+    def _budget_check(self) -> None:
+        """Inside the reasoning, with only room left for its closing marker: force it next."""
+        budget = self.request.reasoning_budget
+        if self._closing and not self._forced and self.splitter is not None and self.splitter.inside \
+                and budget is not None and self.usage.reasoning_tokens + len(self._closing) >= budget:
+            self._forced = list(self._closing)
+
+    def forced_token(self) -> int | None:
+        """The next token the answer must take instead of a sampled one (the sampler asks)."""
+        return self._forced.pop(0) if self._forced else None
 
     def decoding(self) -> None:
         """Prefill is over: the first token is about to be sampled."""
@@ -233,6 +249,7 @@ class OutputStream:
             self.usage.reasoning_tokens += touched
             if reasoning:
                 self.reasoning_parts.append(reasoning)
+            self._budget_check()
         if text:
             self.parts.append(text)
         if stopped:

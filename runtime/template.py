@@ -129,7 +129,7 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, thinking: bool | None = None) -> str:
         from jinja2 import TemplateError as JinjaError
         from jinja2.sandbox import SecurityError
 
@@ -138,7 +138,9 @@ class ChatTemplate:
         parts: list[str] = []
         size = 0
         try:
-            extra = {"tools": tools} if tools is not None else {}  # as Hugging Face's apply_chat_template
+            extra: dict[str, Any] = {"tools": tools} if tools is not None else {}  # as Hugging Face's apply_chat_template
+            if thinking is not None:  # Qwen3's and others' switch, as apply_chat_template(enable_thinking=...)
+                extra["enable_thinking"] = thinking
             for chunk in self._template.generate(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,

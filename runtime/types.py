@@ -120,6 +120,7 @@ class Request:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
     media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
     lora: tuple[float, ...] | None = None  # each loaded adapter's scale, by id; None: the engine's defaults
+    reasoning_budget: int | None = None  # tokens the reasoning section may take, its closing marker included
 
 
 @dataclass

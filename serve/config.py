@@ -32,6 +32,7 @@ class ServerConfig:
     fault_after_tokens: int | None = None  # tests only: die by SIGSEGV at this many tokens (crash containment)
     media_urls: bool = False  # fetch http(s) media URLs in requests (serve --allow-media-urls)
     sampling: Sampling = Sampling()  # for the fields a request leaves out (a created model's preset)
+    reasoning_budget: int | None = None  # for requests that set none (serve --reasoning-budget)
     stop: tuple[str, ...] = ()  # for requests that give no stop strings (a created model's preset)
 
 
@@ -66,6 +67,7 @@ class RunnerConfig:
     no_cache: bool = False
     mmproj: str | None = None  # the model's projector, for images in requests
     loras: tuple[tuple[str, float], ...] = ()  # LoRA adapters (path, default scale): serve --lora, lora=
+    reasoning_budget: int | None = None  # serve --reasoning-budget: requests that set none get it
     media_urls: bool = False  # fetch http(s) media URLs (serve --allow-media-urls; never when offline)
     embed_batch: int = 512  # an embedding model's tokens per decode
     # the HTTP app
@@ -115,4 +117,5 @@ class RunnerConfig:
                             default_max_tokens=self.default_max_tokens, seed=self.seed, aliases=self.aliases,
                             fingerprint=fingerprint, tool_format=self.tool_format, history=self.history,
                             fault_after_tokens=fault_after_tokens, media_urls=self.media_urls,
-                            sampling=replace(Sampling(), **self.sampling), stop=self.stop)
+                            sampling=replace(Sampling(), **self.sampling), stop=self.stop,
+                            reasoning_budget=self.reasoning_budget)

@@ -109,10 +109,12 @@ def messages_of(body: dict[str, Any], fetch: Fetch | None = None) -> list[dict[s
     return out
 
 
-def _thinking(body: dict[str, Any], max_tokens: int | None) -> bool:
+def _thinking(body: dict[str, Any], max_tokens: int | None, default: int | None = None) -> tuple[bool, int | None]:
+    """(whether thinking blocks are shown, the reasoning budget): enabled, its budget_tokens;
+    disabled, no thinking (a budget of 0); absent, the server's default, not shown."""
     t = body.get("thinking")
     if t is None:
-        return False
+        return False, default
     if not isinstance(t, dict) or t.get("type") not in ("enabled", "disabled"):
         raise APIError("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}",
                        param="thinking")
@@ -120,7 +122,8 @@ def _thinking(body: dict[str, Any], max_tokens: int | None) -> bool:
         budget = number(t, "budget_tokens", 1024, 2**31, None, integer=True)
         if budget is None or (max_tokens is not None and budget >= max_tokens):
             raise APIError("'thinking.budget_tokens' must be at least 1024 and less than max_tokens", param="thinking")
-    return t["type"] == "enabled"
+        return True, budget
+    return False, 0
 
 
 def parse(body: dict[str, Any], limits: Limits) -> Parsed:
@@ -129,14 +132,14 @@ def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     requested = number(body, "max_tokens", 1, 2**31, None, integer=True)
     if requested is None:
         raise APIError("'max_tokens' is required", param="max_tokens")
-    thinking = _thinking(body, requested)
+    thinking, budget = _thinking(body, requested, limits.reasoning_budget)
     tools = tool_list(body["tools"], "tools", "anthropic") if body.get("tools") is not None else ()
     choice = tool_choice(tools, body.get("tool_choice"), True, limits.tool_format, "anthropic")
     draft = draft_field(body)
     return Parsed(messages=messages_of(body, limits.fetch), prompt=None, max_tokens=min(requested, limits.max_tokens),
                   stop=stops(body.get("stop_sequences"), "stop_sequences", 16, limits.stop), sampling=sampling(body, limits.sampling),
                   stream=flag(body, "stream"), include_usage=True, logprobs=None, json_format=False, schema=None,
-                  draft=draft, tools=choice, extra={"thinking": thinking})
+                  draft=draft, tools=choice, extra={"thinking": thinking}, reasoning_budget=budget)
 
 
 def parse_count(body: dict[str, Any], limits: Limits) -> Parsed:

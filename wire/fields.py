@@ -310,3 +310,30 @@ def lora_scales(value: Any, n_adapters: int, name: str = "lora") -> tuple[float,
         seen.add(adapter)
         scales[adapter] = float(number(entry, "scale", -100, 100, 1.0))
     return tuple(scales)
+
+
+# OpenAI's reasoning efforts as reasoning budgets (tokens of the reasoning section, its closing
+# marker included): a local model has no effort setting, so an effort caps how long it thinks
+EFFORT_BUDGETS = {"none": 0, "minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+
+
+def effort_budget(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if value not in EFFORT_BUDGETS:
+        raise APIError(f"'{name}' must be one of {', '.join(EFFORT_BUDGETS)}", param=name)
+    return EFFORT_BUDGETS[value]
+
+
+def reasoning_budget(body: dict, default: int | None, effort_field: str = "reasoning_effort",
+                     effort: Any = None) -> int | None:
+    """A request's reasoning budget: OpenAI's effort (the body's `effort_field`, or `effort`
+    as given), or tallow's `reasoning_budget` (tokens; -1: none), else the server's default."""
+    effort = effort_budget(effort if effort is not None else body.get(effort_field), effort_field)
+    own = number(body, "reasoning_budget", -1, 2**31, None, integer=True)
+    if effort is not None and own is not None:
+        raise APIError(f"give '{effort_field}' or 'reasoning_budget', not both", param="reasoning_budget")
+    value = own if own is not None else effort
+    if value is None:
+        return default
+    return None if value == -1 else value

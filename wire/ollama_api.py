@@ -20,6 +20,7 @@ from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
     check_fields,
+    effort_budget,
     flag,
     joined_text,
     number,
@@ -95,11 +96,17 @@ def _format(value: Any) -> tuple[bool, Schema | None]:
     raise APIError("'format' must be \"json\" or a JSON schema object", param="format")
 
 
-def _think(body: dict) -> bool | None:
+def _think(body: dict, default: int | None) -> tuple[bool | None, int | None]:
+    """(whether the thinking is shown, the reasoning budget): Ollama's think is true, false (no
+    thinking: a budget of 0) or a level, as OpenAI's efforts (wire/fields.py)."""
     think = body.get("think")
-    if think is not None and not isinstance(think, bool):
-        raise APIError("'think' must be true or false (reasoning effort levels are not supported)", param="think")
-    return think
+    if think is None or think is True:
+        return think, default
+    if think is False:
+        return False, 0
+    if think not in ("low", "medium", "high"):
+        raise APIError("'think' must be true, false, \"low\", \"medium\" or \"high\"", param="think")
+    return True, effort_budget(think, "think")
 
 
 def _common(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
@@ -153,8 +160,9 @@ def parse_chat(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
     common = _common(body, limits, loaded)
     tools = tool_list(body["tools"], "tools", "chat") if body.get("tools") else ()
     choice = tool_choice(tools, None, True, limits.tool_format, "chat")
+    think, budget = _think(body, limits.reasoning_budget)
     return Parsed(messages=_messages(body.get("messages")), prompt=None, tools=choice,
-                  extra={"ollama": "chat", "think": _think(body)}, **common)
+                  extra={"ollama": "chat", "think": think}, reasoning_budget=budget, **common)
 
 
 def parse_generate(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
@@ -173,18 +181,19 @@ def parse_generate(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
     if system is not None and not isinstance(system, str):
         raise APIError("'system' must be a string", param="system")
     common = _common(body, limits, loaded)
-    extra = {"ollama": "generate", "think": _think(body)}
+    think, budget = _think(body, limits.reasoning_budget)
+    extra = {"ollama": "generate", "think": think}
     if flag(body, "raw"):
         if system:
             raise APIError("'system' cannot go with raw: true (a raw prompt is sent as it is)", param="system")
         if body.get("images"):
             raise APIError("'images' cannot go with raw: true (a raw prompt has no place for them)", param="images")
-        return Parsed(messages=None, prompt=prompt, extra=extra, **common)
+        return Parsed(messages=None, prompt=prompt, extra=extra, reasoning_budget=budget, **common)
     user: dict[str, Any] = {"role": "user", "content": prompt}
     if body.get("images") is not None:
         user.update(ollama_images(body["images"], prompt, "images"))
     messages = ([{"role": "system", "content": system}] if system else []) + [user]
-    return Parsed(messages=messages, prompt=None, extra=extra, **common)
+    return Parsed(messages=messages, prompt=None, extra=extra, reasoning_budget=budget, **common)
 
 
 def _ns(ms: float) -> int:

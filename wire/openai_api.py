@@ -24,6 +24,7 @@ from tallow.wire.fields import (
     logit_bias,
     lora_scales,
     number,
+    reasoning_budget,
     sampling,
     schema_of,
     stops,
@@ -37,7 +38,7 @@ from tallow.wire.request import Limits, Parsed
 SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
                  "repeat_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
                  "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
-                 "grammar", "json_schema", "cache_prompt", "lora"}
+                 "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget"}
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
@@ -69,7 +70,8 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
             "ignore_eos": flag(body, "ignore_eos"), "grammar": _grammar(body, json_format),
             "logit_bias": logit_bias(body.get("logit_bias"), limits.n_vocab),
-            "lora": lora_scales(body.get("lora"), limits.n_adapters)}
+            "lora": lora_scales(body.get("lora"), limits.n_adapters),
+            "reasoning_budget": reasoning_budget(body, limits.reasoning_budget)}
 
 
 def _grammar(body: dict, json_format: bool) -> str | None:

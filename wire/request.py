@@ -23,6 +23,7 @@ class Limits:
     stop: tuple[str, ...] = ()  # for requests that give no stop strings (a created model's preset)
     n_vocab: int = 0  # token ids run from 0 to n_vocab - 1
     n_adapters: int = 0  # LoRA adapters loaded: a request's `lora` names them by id, 0 to n_adapters - 1
+    reasoning_budget: int | None = None  # for requests that set none (serve --reasoning-budget)
     tool_format: str = "generic"  # the model's tool-call format family (or --tool-format)
     fingerprint: str = ""  # system_fingerprint: tallow's version, the model's digest, the deterministic flag
     fetch: Callable[[str, str, str], bytes] | None = None  # media URLs (serve --allow-media-urls); None: refused
@@ -61,8 +62,9 @@ class Parsed:
     extra: dict[str, Any] = field(default_factory=dict)  # what one API keeps for shaping its answer
     n: int = 1  # OpenAI's n: answers from one prompt (the runner forks the sequence after prefill)
     lora: tuple[float, ...] | None = None  # llama-server's `lora`: each adapter's scale by id (None: the defaults)
+    reasoning_budget: int | None = None  # tokens the reasoning may take (runtime/sequence.py); None: no cap
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
                 "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
-                "logit_bias": self.logit_bias, "lora": self.lora}
+                "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget}

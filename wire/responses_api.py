@@ -24,6 +24,7 @@ from tallow.wire.fields import (
     joined_text,
     logit_bias,
     number,
+    reasoning_budget,
     sampling,
     schema_of,
     stops,
@@ -36,7 +37,7 @@ from tallow.wire.request import Limits, Parsed
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
           "temperature", "top_p", "top_k", "min_p", "seed", "stop", "text", "reasoning", "stream", "store",
-          "previous_response_id", "include", "truncation", "draft", "logit_bias", "stream_options"}
+          "previous_response_id", "include", "truncation", "draft", "logit_bias", "stream_options", "reasoning_budget"}
 
 
 def new_id(prefix: str) -> str:
@@ -110,9 +111,10 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
     choice = tool_choice(tools, body.get("tool_choice"), parallel, limits.tool_format, "responses")
     json_format, schema = _text_format(body.get("text"))
     reasoning = body.get("reasoning")
-    if reasoning is not None and (not isinstance(reasoning, dict) or reasoning.get("effort") not in (None,)):
-        raise APIError("'reasoning.effort' is not supported: a local model thinks for as long as it does "
-                       "(reasoning items come from models that think in <think> blocks)", param="reasoning")
+    if reasoning is not None and (not isinstance(reasoning, dict) or set(reasoning) - {"effort"}):
+        raise APIError("'reasoning' takes only 'effort' (a budget for how long a local model thinks; reasoning "
+                       "summaries are not made)", param="reasoning")
+    budget = reasoning_budget(body, limits.reasoning_budget, "reasoning.effort", (reasoning or {}).get("effort"))
     include = body.get("include")
     if include not in (None, []) and include != ["reasoning.encrypted_content"]:
         raise APIError(f"'include' {include!r} is not supported", param="include")
@@ -127,7 +129,7 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
     return Parsed(messages=messages, prompt=None, max_tokens=max_tokens, stop=stops(body.get("stop"), default=limits.stop),
                   sampling=sampling(body, limits.sampling), stream=flag(body, "stream"), include_usage=True,
                   logprobs=None, json_format=json_format, schema=schema, draft=draft, tools=choice,
-                  logit_bias=logit_bias(body.get("logit_bias"), limits.n_vocab),
+                  logit_bias=logit_bias(body.get("logit_bias"), limits.n_vocab), reasoning_budget=budget,
                   extra={"instructions": instructions, "store": store, "text": body.get("text"),
                          "previous_response_id": body.get("previous_response_id"),
                          "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),

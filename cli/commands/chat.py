@@ -59,6 +59,7 @@ def chat(
     raw: o.Raw = False,
     mmproj: o.Mmproj = None,
     lora: o.Lora = None,
+    reasoning_budget: o.ReasoningBudget = None,
     on_overflow: o.OnOverflow = "drop",
     hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
@@ -89,12 +90,12 @@ def chat(
                         "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
                         "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None,
-                        "--lora": bool(lora)})
+                        "--lora": bool(lora), "--reasoning-budget": reasoning_budget is not None})
     grammar, schema = o.structured(format_, json_schema)
     chat_settings = ChatSettings(replace(presets.sampling_base(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                               repeat_penalty=repeat_penalty, seed=seed), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
-                                 grammar=grammar)
+                                 grammar=grammar, reasoning_budget=reasoning_budget)
     if not remote:
         cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
     load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k,

@@ -65,6 +65,7 @@ def run(
     audio: o.Audio = None,
     mmproj: o.Mmproj = None,
     lora: o.Lora = None,
+    reasoning_budget: o.ReasoningBudget = None,
     offline: o.Offline = False,
     as_json: o.Json = False,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
@@ -105,7 +106,8 @@ def run(
                         "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
                         "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
                         "--image": bool(image), "--audio": bool(audio),
-                        "--mmproj": mmproj is not None, "--n": n > 1, "--lora": bool(lora)})
+                        "--mmproj": mmproj is not None, "--n": n > 1, "--lora": bool(lora),
+                        "--reasoning-budget": reasoning_budget is not None})
     if n > 1 and tools_file is not None:
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
@@ -145,7 +147,8 @@ def run(
             from tallow.cli.commands.chat import repl
             from tallow.runtime.chat import ChatSettings, Conversation
 
-            conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw), system, earlier)
+            conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw,
+                                                     reasoning_budget=reasoning_budget), system, earlier)
             return repl(conv, name, hide_thinking, history, conversation_id,
                         show_stats=not quiet and (stats or stderr_is_terminal()))
         assert text is not None  # read above, since this run is not interactive
@@ -156,7 +159,8 @@ def run(
         prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
         request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
                                  cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
-                                 grammar=grammar, logprobs=logprobs, tools=_tool_choice(engine, tool_spec))
+                                 grammar=grammar, logprobs=logprobs, tools=_tool_choice(engine, tool_spec),
+                                 reasoning_budget=reasoning_budget)
         if n > 1:
             return _several(engine, request, n, name, conversation_id, history, system, text, as_json, logprobs,
                             not quiet and (stats or (stderr_is_terminal() and not as_json)), grammar, schema)

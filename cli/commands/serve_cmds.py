@@ -54,6 +54,7 @@ def serve(
     lora: Optional[list[str]] = typer.Option(None, "--lora", help="A LoRA adapter (GGUF) for the first MODEL, FILE or FILE:SCALE (repeatable); requests pick scales with 'lora' and POST /lora-adapters.", show_default=False),
     allow_media_urls: bool = typer.Option(False, "--allow-media-urls", help="Fetch http(s) image URLs that requests name (10 s, 20 MB each): the server then requests any address a client gives it."),
     alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one; it names the first MODEL.", show_default=False),
+    reasoning_budget: o.ReasoningBudget = None,
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
     default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
     tool_format: o.ToolFormat = "auto",
@@ -120,7 +121,8 @@ def serve(
                             max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
                             tool_format=forced_format, history=history,
                             mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls,
-                            given=presets.given_fields(), loras=_lora_config(o.loras(lora)))
+                            given=presets.given_fields(), loras=_lora_config(o.loras(lora)),
+                            reasoning_budget=reasoning_budget)
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:

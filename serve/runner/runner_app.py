@@ -60,7 +60,7 @@ class RunnerApp:
         engine = self.engine
         self.limits = Limits(max_tokens=cfg.max_tokens, model=cfg.model, aliases=cfg.aliases,
                              default_max_tokens=cfg.default_max_tokens, n_vocab=engine.model.n_vocab,
-                             n_adapters=len(engine.adapters.specs),
+                             n_adapters=len(engine.adapters.specs), reasoning_budget=cfg.reasoning_budget,
                              sampling=replace(cfg.sampling, seed=cfg.seed), stop=cfg.stop,
                              tool_format=cfg.tool_format or engine.tool_format(), fingerprint=cfg.fingerprint,
                              fetch=fetch_media if cfg.media_urls else None)
