@@ -106,6 +106,8 @@ def test_run_and_chat_take_lora_and_a_modelfile_stores_it(files, home):
     assert run("xy") == ADAPTED and run("xy", "--lora", f"{files['lora']}:-1") == PLAIN  # ids add up: 1 - 1 = 0
     shown = run_tallow(["show", "xy", "--modelfile"], home=home).stdout.decode()
     assert shown == f"FROM script:latest\nADAPTER {store.file_path(manifest.adapters[0])}\n"
+    listed = json.loads(run_tallow(["show", "xy", "--json"], home=home).stdout)["adapters"]
+    assert listed == [str(store.file_path(manifest.adapters[0]))]
     again = run_tallow(["create", "xy2", "-f", "-"], home=home, input=shown.encode())
     assert again.returncode == 0 and [f.digest for f in store.get("xy2").adapters] == [manifest.adapters[0].digest]
     bad = run_tallow(["create", "wrong", "-f", "-"], home=home, input=f"FROM script\nADAPTER {files['narrow']}\n".encode())

@@ -172,6 +172,7 @@ def show(
         "pooling": _pooling(info.metadata),
         "embedding_length": info.metadata.get(f"{info.architecture}.embedding_length"),
         "preset": preset.to_json() if preset else None,
+        "adapters": [str(p) for p in found.adapters],
     }
     data.update(_projector_part(found, manifest, "embedding" if data["pooling"] else "completion"))
     if as_json:
@@ -250,6 +251,8 @@ def _render_show(d: dict) -> None:
                   f"parameters, {human_bytes(p['size'])})\n")
     if d["preset"]:
         out.write(f"  {'settings':<15}{_preset_line(d['preset'])} (tallow show --modelfile)\n")
+    for i, adapter in enumerate(d["adapters"]):
+        out.write(f"  {'adapter' if i == 0 else '':<15}{adapter} (LoRA, id {i})\n")
     if d["pooling"]:
         kind = "a reranker: /v1/rerank" if d["pooling"] == "rank" else "tallow embed, /v1/embeddings"
         out.write(f"  {'embeddings':<15}{d['embedding_length']} dimensions, {d['pooling']} pooling ({kind})\n")
