@@ -216,3 +216,17 @@ def test_a_peft_adapter_converts_to_the_same_gguf_adapter(files, home, tmp_path)
     (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": 4, "use_dora": True}))
     bad = run_tallow(["import", str(dora), "--base", "script"], home=home)
     assert bad.returncode == 1 and "use_dora = True: DoRA" in bad.stderr.decode()
+
+
+def test_batch_takes_lora_and_each_line_its_own(files, home, tmp_path):
+    lines = tmp_path / "in.jsonl"
+    go = [{"role": "user", "content": "go"}]
+    lines.write_text("".join(json.dumps({"id": i, "messages": go, "max_tokens": 6, "temperature": 0,
+                                         **({"lora": lora} if lora is not None else {})}) + "\n"
+                             for i, lora in enumerate([None, [{"id": 0, "scale": 0}], None, []])))
+    out = tmp_path / "out.jsonl"
+    r = run_tallow(["batch", str(lines), "-o", str(out), "--model", "script", "--lora", str(files["lora"]),
+                    "--parallel", "4", "--no-cache"], home=home)
+    assert r.returncode == 0, r.stderr
+    texts = {rec["id"]: rec["text"] for rec in map(json.loads, out.read_text().splitlines())}
+    assert texts == {0: ADAPTED, 1: PLAIN, 2: ADAPTED, 3: PLAIN}
