@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
-from tallow.runtime.adapters import next_group
+from tallow.runtime.adapters import Turns
 from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
@@ -118,7 +118,7 @@ class Scheduler:
         self._closing = False
         self.stats = Stats()
         self.media = MediaPrefill(engine)
-        self._lora: tuple[float, ...] | None = None  # the adapter set decoded last step
+        self._turns = Turns()  # which adapter set each step decodes (runtime/adapters.py)
         self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
         self._thread.start()
 
@@ -224,7 +224,8 @@ class Scheduler:
             prompt = job.request.prompt_tokens
             # The longest cached prefix; else the lowest free slot, so that busy sequences stay
             # consecutive (deterministic mode decodes a run of them in one micro-batch).
-            slot = max(free, key=lambda s: (common_prefix(s.kv, prompt), -s.seq))
+            slot = max(free, key=lambda s: (common_prefix(s.kv, prompt), -s.seq)) if not self.engine.adapters.loaded \
+                else self.engine.adapters.placement(free, self.slots, job.request.lora, prompt)
             if self.unified and not self._make_room(job, slot, free):
                 return
             self._waiting.popleft()
@@ -371,8 +372,8 @@ class Scheduler:
         ctx = self.engine.ctx
         self.engine.pace()
         step_began = time.perf_counter()
-        self._lora, group = next_group(self._active, self._lora)  # llama.cpp's adapters are per context
-        self.engine.adapters.apply(self._lora)
+        lora, group = self._turns.next(self._active)  # llama.cpp's adapters are per context
+        self.engine.adapters.apply(lora)
         calls = self._calls(group)
         if not calls and self.media.busy():
             self.media.wait(0.05)  # nothing to step but an encode: wait for it, not spin

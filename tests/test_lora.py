@@ -230,3 +230,50 @@ def test_batch_takes_lora_and_each_line_its_own(files, home, tmp_path):
     assert r.returncode == 0, r.stderr
     texts = {rec["id"]: rec["text"] for rec in map(json.loads, out.read_text().splitlines())}
     assert texts == {0: ADAPTED, 1: PLAIN, 2: ADAPTED, 3: PLAIN}
+
+
+def test_the_scheduler_keeps_each_set_side_by_side_and_takes_turns(files):
+    """Requests of two sets, submitted interleaved, get slots side by side per set (a batch
+    splits into runs of consecutive sequence ids), and the sets take turns of up to 8 steps."""
+    import threading
+    from types import SimpleNamespace
+
+    from tallow.runtime.adapters import Turns
+    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.types import LoadSettings, LoraSpec, Request, Sampling, SchedulerSettings
+
+    sched = Scheduler.load([files["model"]], LoadSettings(n_ctx=1024, n_threads=1, loras=(LoraSpec(files["lora"]),)),
+                           SchedulerSettings(parallel=4))
+    try:
+        prompt = sched.engine.request([{"role": "user", "content": "go"}]).prompt_tokens
+        gate, done, texts = threading.Event(), threading.Semaphore(0), {}
+        seen: dict[int, tuple] = {}
+
+        def on_event(i):
+            def record(ev):
+                if type(ev).__name__ == "TokenEvent":
+                    gate.wait(10)  # hold the engine thread until the slots are read
+                else:
+                    texts[i] = ev.text
+                    done.release()
+            return record
+
+        for i, lora in enumerate([(1.0,), (0.0,), (1.0,), (0.0,)]):
+            sched.submit(Request(prompt, 6, sampling=Sampling(temperature=0), lora=lora), on_event=on_event(i))
+        import time
+
+        deadline = time.monotonic() + 30
+        while len(seen) < 4 and time.monotonic() < deadline:
+            seen = {s.seq: s.job.lora for s in sched.slots if s.job is not None}
+        gate.set()
+        for _ in range(4):
+            done.acquire()
+        assert [seen[s] for s in range(4)] in ([(1.0,), (1.0,), (0.0,), (0.0,)], [(0.0,), (0.0,), (1.0,), (1.0,)])
+        assert texts == {0: ADAPTED, 1: PLAIN, 2: ADAPTED, 3: PLAIN}
+    finally:
+        sched.close()
+    turns = Turns()
+    jobs = [SimpleNamespace(lora=k) for k in ((1.0,), (0.0,), (1.0,))]
+    picked = [turns.next(jobs)[0] for _ in range(20)]
+    assert picked == [(1.0,)] * 8 + [(0.0,)] * 8 + [(1.0,)] * 4
+    assert turns.next(jobs[:1]) == ((1.0,), jobs[:1])  # one set: every job, every step
