@@ -116,7 +116,7 @@ def test_create_replaces_only_a_created_model(home):
      "stdin line 2: TEMPLATE is an Ollama (Go) template; tallow renders chat templates with Jinja"),
     (b"FROM script\nTEMPLATE \"{% for m in messages %}\"\n", "stdin line 2: TEMPLATE: the model's chat template does not parse"),
     (b"FROM script\nTEMPLATE hello\n", "stdin line 2: TEMPLATE does not show the conversation"),
-    (b"FROM script\nADAPTER ./lora.gguf\n", "stdin line 2: ADAPTER: tallow create does not take LoRA adapters yet"),
+    (b"FROM script\nADAPTER ./lora.gguf\n", "stdin line 2: ADAPTER ./lora.gguf: no such file"),
 ])
 def test_bad_modelfiles_are_refused_with_their_line_and_nothing_is_stored(home, modelfile, message):
     r = run_tallow(["create", "made", "-f", "-", "--offline"], home=home, input=modelfile)
