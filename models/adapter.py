@@ -46,6 +46,9 @@ def read_adapter(path: Path) -> AdapterFacts:
         raise AdapterError(f"{path.name} is not a LoRA adapter (its general.type is {meta.get('general.type')!r}, "
                            f"adapter.type {meta.get('adapter.type')!r})",
                            "a GGUF LoRA comes from llama.cpp's convert_lora_to_gguf.py or tallow import --base")
+    if "adapter.alora.invocation_tokens" in meta:
+        raise AdapterError(f"{path.name} is an activated LoRA (aLoRA), which tallow does not apply",
+                           "use a plain LoRA adapter")
     arch = info.architecture or "?"
     shapes = {t.name: t.shape for t in info.tensors}
     pairs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}

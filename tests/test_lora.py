@@ -63,6 +63,8 @@ def test_the_adapter_switches_the_answer_and_its_scale_decides(files):
 
 
 def test_an_adapter_for_another_model_is_refused_naming_both(files):
+    import numpy as np
+
     from tallow.runtime.engine import Engine
     from tallow.runtime.types import LoadSettings, LoraSpec
 
@@ -73,8 +75,12 @@ def test_an_adapter_for_another_model_is_refused_naming_both(files):
             Engine([files["model"]], LoadSettings(n_ctx=256, n_threads=1, loras=(LoraSpec(files[name]),)))
     with pytest.raises(AdapterError, match="is not a LoRA adapter"):
         read_adapter(files["model"])
-    missing = write_adapter(files["dir"] / "other.gguf", "llama", {"blk.9.attn_q.weight": (
-        __import__("numpy").zeros((1, 64)), __import__("numpy").zeros((64, 1)))})
+    alora = write_adapter(files["dir"] / "alora.gguf", "llama", {"output.weight": (np.zeros((1, 64)), np.zeros((275, 1)))},
+                          invocation=(5, 6))
+    with pytest.raises(AdapterError, match="is an activated LoRA"):
+        read_adapter(alora)
+    missing = write_adapter(files["dir"] / "other.gguf", "llama", {"blk.9.attn_q.weight": (np.zeros((1, 64)),
+                                                                                          np.zeros((64, 1)))})
     with pytest.raises(AdapterError, match="changes blk.9.attn_q.weight, which the model"):
         Engine([files["model"]], LoadSettings(n_ctx=256, n_threads=1, loras=(LoraSpec(missing),)))
 

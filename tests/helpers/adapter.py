@@ -15,7 +15,7 @@ from helpers.synth import N_EMBD, as_token, vocabulary
 
 
 def write_adapter(path: Path, arch: str, pairs: dict[str, tuple[np.ndarray, np.ndarray]], alpha: float | None = None,
-                  task_name: str = "") -> Path:
+                  task_name: str = "", invocation: tuple[int, ...] = ()) -> Path:
     """`pairs`: base tensor name -> (A as numpy (rank, n_in), B as numpy (n_out, rank))."""
     import gguf
 
@@ -26,6 +26,8 @@ def write_adapter(path: Path, arch: str, pairs: dict[str, tuple[np.ndarray, np.n
         w.add_float32("adapter.lora.alpha", alpha)
     if task_name:
         w.add_string("adapter.lora.task_name", task_name)
+    if invocation:  # an activated LoRA (aLoRA): it starts applying after these tokens
+        w.add_array("adapter.alora.invocation_tokens", list(invocation))
     for name, (a, b) in pairs.items():
         w.add_tensor(f"{name}.lora_a", np.ascontiguousarray(a, dtype=np.float32))
         w.add_tensor(f"{name}.lora_b", np.ascontiguousarray(b, dtype=np.float32))
