@@ -67,7 +67,7 @@ def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | N
     except InvalidName as exc:
         raise err(f"FROM {modelfile.source}: {exc.message}") from None
     if isinstance(ref, PathRef):
-        path = ref.path if ref.path.is_absolute() or folder is None else folder / ref.path
+        path = _beside(ref.path, folder)
         if not path.is_file():
             raise err(f"FROM {modelfile.source}: no such file")
         _check_adapters(adapters, [path], path.name, where)  # before anything is copied
@@ -113,8 +113,7 @@ def _adapter_paths(modelfile: Modelfile, folder: Path | None, where: str) -> lis
     """The ADAPTER files, found (a relative path starts from the Modelfile's folder)."""
     out = []
     for text, line in modelfile.adapters:
-        path = Path(text).expanduser()
-        path = path if path.is_absolute() or folder is None else folder / path
+        path = _beside(Path(text).expanduser(), folder)
         if not path.is_file():
             raise ModelfileError(line, f"ADAPTER {text}: no such file", where=where)
         out.append((path, line))
@@ -166,3 +165,8 @@ def _check_replaceable(store: Store, name: str, hint: str) -> None:
     existing = store.get(name)
     if existing is not None and not is_created(existing):
         raise NameTaken(f"a model named {name} is stored and was not made by tallow create: it is not replaced", hint)
+
+
+def _beside(path: Path, folder: Path | None) -> Path:
+    """A Modelfile's path: a relative one starts from the Modelfile's folder."""
+    return path if path.is_absolute() or folder is None else folder / path

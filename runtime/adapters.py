@@ -89,14 +89,6 @@ class Adapters:
         return [{"id": i, "path": str(s.path), "scale": self.defaults[i], "task_name": f.task_name,
                  "prompt_prefix": f.prompt_prefix} for i, (s, f) in enumerate(zip(self.specs, self.facts))]
 
-    def request_scales(self, entries: list[tuple[int, float]]) -> Scales:
-        """The set for [(id, scale)] as llama-server reads it: an adapter not named is off."""
-        out = [0.0] * len(self.specs)
-        for i, scale in entries:
-            out[i] = scale
-        return tuple(out)
-
-
 
 class Turns:
     """Which adapter set the scheduler decodes this step. With one set, every job, every step.

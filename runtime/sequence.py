@@ -215,9 +215,9 @@ class OutputStream:
 
     def _budget_check(self) -> None:
         """Inside the reasoning, with only room left for its closing marker: force it next."""
-        budget = self.request.reasoning_budget
+        budget = self.request.reasoning_budget  # set whenever there are closing tokens
         if self._closing and not self._forced and self.splitter is not None and self.splitter.inside \
-                and budget is not None and self.usage.reasoning_tokens + len(self._closing) >= budget:
+                and self.usage.reasoning_tokens + len(self._closing) >= (budget or 0):
             self._forced = list(self._closing)
 
     def forced_token(self) -> int | None:
