@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
     "embed": ("embed_cmds", "embed", "Embed texts: one vector per text, or an index to search.", False),
     "search": ("embed_cmds", "search", "Find the stored texts nearest to a query.", False),
     "serve": ("serve_cmds", "serve", "Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.", False),
+    "ui": ("ui_cmds", "ui", "Open the chat page, starting a loopback server if none runs.", False),
     "ps": ("ps_cmds", "ps", "List the models a running tallow serve has loaded.", False),
     "stop": ("ps_cmds", "stop", "Unload a model from a running tallow serve.", False),
     "doctor": ("doctor", "doctor", "Check this machine and the install, for a bug report.", False),

@@ -52,8 +52,15 @@ def m004_drafts(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE responses ADD COLUMN accepted_tokens INTEGER")
 
 
+def m005_conversation_titles(db: sqlite3.Connection) -> None:
+    # the web page's conversations (serve/ui): a title the user gave, and the tool calls an
+    # answer made (JSON, OpenAI's shape), so a resumed conversation shows and sends them again
+    db.execute("ALTER TABLE conversations ADD COLUMN title TEXT")
+    db.execute("ALTER TABLE responses ADD COLUMN tool_calls TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses,
-                                                          m004_drafts]
+                                                          m004_drafts, m005_conversation_titles]
 
 
 def migrate(db: sqlite3.Connection) -> list[str]:
@@ -71,6 +78,21 @@ def migrate(db: sqlite3.Connection) -> list[str]:
 
 
 @dataclass
+class Turn:
+    """A turn to record: what was asked and answered, and what it cost."""
+    conversation_id: str
+    model: str
+    system: str | None
+    prompt: str
+    response: str
+    reasoning: str | None
+    finish_reason: str | None
+    usage: dict[str, Any]  # prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, draft...
+    timings: dict[str, Any]
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass
 class LoggedTurn:
     id: int
     conversation_id: str
@@ -83,6 +105,7 @@ class LoggedTurn:
     usage: dict[str, Any]  # token counts; "draft": what drafted (or None)
     timings: dict[str, Any]
     created: float
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class History:
@@ -100,16 +123,33 @@ class History:
 
     def log(self, conversation_id: str, model: str, system: str | None, prompt: str, final: FinalEvent) -> int:
         u = final.usage
+        usage = {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
+                 "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens, "draft": u.draft,
+                 "draft_tokens": u.draft_tokens, "accepted_tokens": u.accepted_tokens}
+        return self.log_turn(Turn(conversation_id, model, system, prompt, final.text, final.reasoning or None,
+                                  final.finish_reason, usage, final.timings.summary()))
+
+    def log_turn(self, turn: Turn, replace_from: int | None = None) -> int:
+        """Record a turn; with `replace_from`, the conversation's turns from that index on (0
+        the first) are deleted first, in the same transaction (an edited or regenerated turn)."""
+        u = turn.usage
         with self.db:
-            self.db.execute("INSERT OR IGNORE INTO conversations VALUES (?, ?, ?)", (conversation_id, model, time.time()))
+            self.db.execute("INSERT OR IGNORE INTO conversations (id, model, created) VALUES (?, ?, ?)",
+                            (turn.conversation_id, turn.model, time.time()))
+            if replace_from is not None:
+                self.db.execute("""DELETE FROM responses WHERE id IN (SELECT id FROM responses
+                                   WHERE conversation_id = ? ORDER BY id LIMIT -1 OFFSET ?)""",
+                                (turn.conversation_id, replace_from))
             cur = self.db.execute(
                 """INSERT INTO responses (conversation_id, model, system, prompt, response, finish_reason,
                    prompt_tokens, cached_tokens, completion_tokens, timings, created, reasoning, reasoning_tokens,
-                   draft, draft_tokens, accepted_tokens)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (conversation_id, model, system, prompt, final.text, final.finish_reason, u.prompt_tokens,
-                 u.cached_tokens, u.completion_tokens, json.dumps(final.timings.summary()), time.time(),
-                 final.reasoning or None, u.reasoning_tokens, u.draft, u.draft_tokens, u.accepted_tokens),
+                   draft, draft_tokens, accepted_tokens, tool_calls)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (turn.conversation_id, turn.model, turn.system, turn.prompt, turn.response, turn.finish_reason,
+                 u.get("prompt_tokens"), u.get("cached_tokens"), u.get("completion_tokens"),
+                 json.dumps(turn.timings), time.time(), turn.reasoning, u.get("reasoning_tokens"), u.get("draft"),
+                 u.get("draft_tokens"), u.get("accepted_tokens"),
+                 json.dumps(turn.tool_calls) if turn.tool_calls else None),
             )
             assert cur.lastrowid is not None  # an INSERT just ran
         return cur.lastrowid
@@ -136,7 +176,8 @@ class History:
                             "completion_tokens": r["completion_tokens"], "reasoning_tokens": r["reasoning_tokens"],
                             "draft": r["draft"], "draft_tokens": r["draft_tokens"],
                             "accepted_tokens": r["accepted_tokens"]},
-                           json.loads(r["timings"] or "{}"), r["created"]) for r in rows]
+                           json.loads(r["timings"] or "{}"), r["created"],
+                           json.loads(r["tool_calls"]) if r["tool_calls"] else None) for r in rows]
 
     def latest_conversation(self) -> str | None:
         row = self.db.execute("SELECT conversation_id FROM responses ORDER BY id DESC LIMIT 1").fetchone()
@@ -150,6 +191,31 @@ class History:
             msgs += [{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.response}]
         system = turns[-1].system if turns else None
         return system, msgs, (turns[-1].model if turns else None)
+
+    # -- conversations, as the web page lists them ---------------------------------------------
+    def conversations(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Newest activity first: id, title (the user's, else the first prompt), model, turns, updated."""
+        rows = self.db.execute(
+            """SELECT c.id, c.title, c.model, c.created, COUNT(r.id), MAX(r.created),
+                      (SELECT prompt FROM responses WHERE conversation_id = c.id ORDER BY id LIMIT 1)
+               FROM conversations c JOIN responses r ON r.conversation_id = c.id
+               GROUP BY c.id ORDER BY MAX(r.id) DESC LIMIT ?""", (limit,)).fetchall()
+        return [{"id": cid, "title": title or (first or "")[:80], "model": model, "created": created, "turns": n,
+                 "updated": updated, "named": title is not None}
+                for cid, title, model, created, n, updated, first in rows]
+
+    def title(self, conversation: str) -> str | None:
+        row = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation,)).fetchone()
+        return row[0] if row else None
+
+    def rename(self, conversation: str, title: str) -> bool:
+        with self.db:
+            return self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation)).rowcount > 0
+
+    def delete_conversation(self, conversation: str) -> bool:
+        with self.db:
+            self.db.execute("DELETE FROM responses WHERE conversation_id = ?", (conversation,))
+            return self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation,)).rowcount > 0
 
     # -- stored Responses API objects ---------------------------------------------------------
     def store_response(self, response_id: str, model: str, response: dict[str, Any],

@@ -34,6 +34,8 @@ class ServerConfig:
     sampling: Sampling = Sampling()  # for the fields a request leaves out (a created model's preset)
     reasoning_budget: int | None = None  # for requests that set none (serve --reasoning-budget)
     stop: tuple[str, ...] = ()  # for requests that give no stop strings (a created model's preset)
+    ui: bool = True  # the front answers GET / with the chat page (serve --no-ui: Ollama's liveness text only)
+    conversations: object = None  # the history log the page keeps conversations in (None: logging is off)
 
 
 _SERVER = ServerConfig(model="")

@@ -25,9 +25,10 @@ MAY_IMPORT = {
     # the public Python API: the CLI's settings and loading, without Typer or HTTP
     "api": {"cli", "runtime", "models", "common"},
 }
-# inside serve/: the front (one process for many models) never loads an engine, and the
-# plumbing both apps share knows neither app
-SERVE_MAY_IMPORT = {"http": {"http"}, "front": {"front", "http"}, "runner": {"runner", "http"}}
+# inside serve/: the front (one process for many models) never loads an engine, the
+# plumbing both apps share knows neither app, and the chat page's routes (ui/) know neither
+SERVE_MAY_IMPORT = {"http": {"http"}, "front": {"front", "http", "ui"}, "runner": {"runner", "http"},
+                    "ui": {"ui", "http"}}
 ENGINE = ("tallow.runtime.scheduler", "tallow.runtime.engine", "tallow.runtime.backend", "tallow.runtime.sequence",
           "tallow.runtime.embedding")
 

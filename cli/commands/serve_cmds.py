@@ -63,6 +63,8 @@ def serve(
     keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
     model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup cache_type_k=T cache_type_v=T lora=FILE[:SCALE]' (repeatable).", show_default=False),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
+    no_ui: bool = typer.Option(False, "--no-ui", help="Answer GET / with the liveness text only, not the chat page."),
+    open_page: bool = typer.Option(False, "--open", help="Open the chat page in the browser once serving."),
     offline: o.Offline = False,
 ) -> None:
     """Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.
@@ -70,7 +72,8 @@ def serve(
     Each loaded model runs in a runner process of its own; a request that names a stored
     model loads it. POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
     /api/chat and /api/generate (streamed or whole, with tools); GET /v1/models, /api/tags,
-    /api/ps, /health, /ready and /metrics (Prometheus). SIGTERM drains, then exits 0.
+    /api/ps, /health, /ready and /metrics (Prometheus); GET / in a browser is a chat page.
+    SIGTERM drains, then exits 0.
 
     \b
     Examples:
@@ -83,6 +86,8 @@ def serve(
     from tallow.serve.http.replica import Replica
 
     forced_format = o.parse_tool_format(tool_format)
+    if open_page and no_ui:
+        raise typer.BadParameter("there is no page to open with --no-ui", param_hint="--open")
     key = api_key or settings.api_key()
     if not is_loopback(host) and not key:
         raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
@@ -129,7 +134,8 @@ def serve(
             from importlib.metadata import version
 
             guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
-                                 max_body=max_body, history=history)
+                                 max_body=max_body, history=history, ui=not no_ui,
+                                 conversations=str(settings.history_path()) if settings.logging_enabled() else None)
             replica = Replica()
             app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)
 
@@ -140,6 +146,10 @@ def serve(
                 shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
                 what = ", ".join(_loaded_line(r) for r in pool.loaded()) or "every stored model, loaded on demand"
                 err_console().print(f"serving {what} on http://{shown}:{bound[1]}", soft_wrap=True)
+                if open_page:
+                    from tallow.cli.commands.ui_cmds import open_browser
+
+                    open_browser(f"http://{'localhost' if is_loopback(host) else shown}:{bound[1]}/", names[:1])
 
             run_uvicorn(app, sock, start, replica, drain_timeout)
         finally:

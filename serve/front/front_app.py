@@ -40,6 +40,8 @@ from tallow.serve.http.prometheus import counter, gauge, merge_pages
 from tallow.serve.http.replica import Replica
 from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.streaming import ClosingStreamingResponse
+from tallow.serve.ui.conversations import Conversations
+from tallow.serve.ui.page import ASSETS, Page
 from tallow.wire.fields import APIError, parse_json
 
 MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens",
@@ -65,9 +67,10 @@ class FrontApp:
         self.pool, self.registry, self.cfg, self.replica = pool, registry, cfg, replica
         self.started = int(time.time())
         self.stored = ResponseStore(cfg.guard.history)
+        self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
 
     def asgi(self) -> Guard:
-        routes = [Route("/", self.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
+        routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
                   Route("/ready", self.ready, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/api/version", self.version, methods=["GET"]), Route("/api/tags", self.tags, methods=["GET"]),
                   Route("/api/show", self.show, methods=["POST"]), Route("/api/ps", self.ps, methods=["GET"]),
@@ -75,6 +78,9 @@ class FrontApp:
                   Route("/api/copy", self.copy, methods=["POST"]), Route("/api/pull", self.pull, methods=["POST"]),
                   Route("/api/create", self.create, methods=["POST"]),
                   Route("/lora-adapters", self.lora_adapters, methods=["GET", "POST"])]
+        if self.cfg.guard.ui:
+            routes.append(Route(ASSETS + "{path:path}", self.page.asset, methods=["GET", "HEAD"]))
+            routes += Conversations(self.cfg.guard.conversations, self.cfg.guard.max_body).routes()
         proxy = Proxy(self.pool, self.registry, self.cfg.default_model, self.cfg.guard.max_body)
         routes += [Route(p, proxy, methods=["POST"]) for p in OLLAMA_ROUTES]
         for prefix in ("/v1", ""):
@@ -88,9 +94,6 @@ class FrontApp:
 
     async def body_of(self, request: HTTPRequest) -> dict[str, Any]:
         return parse_json(await read_body(request, self.cfg.guard.max_body))
-
-    async def root(self, request: HTTPRequest) -> Response:
-        return PlainTextResponse("tallow is running")
 
     async def version(self, request: HTTPRequest) -> Response:
         return JSONResponse({"version": self.cfg.version})

@@ -19,6 +19,15 @@ from tallow.wire.fields import APIError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OPEN_PATHS = ("/health", "/ready")  # no API key: load balancers and probes cannot send one
+# ... nor can a browser loading the chat page, whose files hold nothing secret; the page
+# asks for the key and sends it with every API call (serve/ui/page.py)
+PAGE_PATHS, PAGE_PREFIX = ("/",), "/ui/assets/"
+
+
+def needs_key(method: str, path: str) -> bool:
+    if method == "OPTIONS" or path in OPEN_PATHS:
+        return False
+    return not (method in ("GET", "HEAD") and (path in PAGE_PATHS or path.startswith(PAGE_PREFIX)))
 
 
 def host_name(header: str) -> str:
@@ -44,7 +53,7 @@ class Guard:
         if self.check_host and host_name(headers.get("host", "")).lower() not in LOOPBACK:
             err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
             return await send_error(scope, receive, send, err)
-        if self.key is not None and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+        if self.key is not None and needs_key(scope["method"], scope["path"]):
             auth = headers.get("authorization", "")
             given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
             given = given or headers.get("x-api-key", "").strip().encode()  # Anthropic's clients

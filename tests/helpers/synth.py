@@ -97,7 +97,8 @@ def as_token(text: str) -> str:
 
 
 def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str | dict[str, float]] | None = None,
-                         template: str = CHATML, add_bos: bool = False, extra_tokens: tuple[str, ...] = ()) -> Path:
+                         template: str = CHATML, add_bos: bool = False, extra_tokens: tuple[str, ...] = (),
+                         ctx_train: int = N_CTX_TRAIN) -> Path:
     """Random weights; or, with `script` ({token: next token}), weights that make greedy
     decoding follow the script: attention and feed-forward are zero, so the residual stream
     is the token's embedding, and the output matrix maps each embedding to its successor.
@@ -108,7 +109,7 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str | d
     tokens, types, merges = vocabulary(extra_tokens)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
-    w = llama_writer(path, "tallow-synthetic", N_CTX_TRAIN, N_EMBD, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, file_type=0)  # all F32
+    w = llama_writer(path, "tallow-synthetic", ctx_train, N_EMBD, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, file_type=0)  # all F32
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)

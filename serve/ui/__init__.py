@@ -1,0 +1,1 @@
+"""tallow serve's chat page: its files and its conversations."""

@@ -1,0 +1,404 @@
+// The chat page: a conversation sent to /v1/chat/completions as any client sends it, streamed,
+// and recorded in the server's history log with the usage and timings the API returned.
+
+import * as api from "./api.js";
+import { copyCode } from "./markdown.js";
+import { loadSettings, requestFields } from "./settings.js";
+import { answerNode, conversationItem, fillAnswer, flatUsage, questionNode } from "./view.js";
+
+const $ = (id) => document.getElementById(id);
+const state = { id: null, turns: [], kept: true, busy: null, images: [], vision: new Map(), frame: null };
+const empty = $("empty");
+
+function setStatus(text) {
+  $("status").textContent = text;
+}
+
+// Runs `work`; when the server wants a key, asks for it once and runs it again
+async function guarded(work) {
+  for (;;) {
+    try {
+      return await work();
+    } catch (e) {
+      if (!(e instanceof api.AuthNeeded)) throw e;
+      await askKey();
+    }
+  }
+}
+
+function askKey() {
+  return new Promise((resolve) => {
+    const dialog = $("key-dialog");
+    $("key-why").textContent = api.hasKey() ? "That key was refused. Give this server's API key."
+      : "This server needs an API key. It is kept in this browser only.";
+    $("key").value = "";
+    $("key-form").onsubmit = (event) => {
+      event.preventDefault();
+      api.setKey($("key").value.trim());
+      dialog.close();
+      resolve();
+    };
+    dialog.oncancel = (event) => event.preventDefault();
+    dialog.showModal();
+  });
+}
+
+async function loadModels() {
+  const list = await guarded(() => api.json("/v1/models"));
+  const select = $("model");
+  const wanted = new URLSearchParams(location.search).get("model");
+  const saved = localStorage.getItem("tallow.model");
+  const names = list.data.map((m) => m.id);
+  if (wanted && !names.includes(wanted)) names.unshift(wanted);  // loaded on demand when asked
+  select.replaceChildren(...names.map((n) => new Option(n, n)));
+  const pick = wanted || saved;
+  if (pick && names.includes(pick)) select.value = pick;
+  if (!names.length) setStatus("No models are stored: pull one with tallow pull");
+  await showAttach();
+}
+
+async function showAttach() {
+  const model = $("model").value;
+  if (!model) return;
+  if (!state.vision.has(model)) {
+    let vision = false;
+    try {
+      const show = await guarded(() => api.json("/api/show", { method: "POST", body: { model } }));
+      vision = (show.capabilities || []).includes("vision");
+    } catch (_) { /* no details: no attachments */ }
+    state.vision.set(model, vision);
+  }
+  $("attach-label").hidden = !state.vision.get(model);
+}
+
+async function refreshList() {
+  const out = await guarded(() => api.conversations.list());
+  state.kept = out.kept;
+  $("not-kept").hidden = out.kept;
+  $("conversations").replaceChildren(...out.conversations.map((c) => conversationItem(c, state.id)));
+}
+
+function renderAll() {
+  const nodes = [];
+  state.turns.forEach((turn, i) => {
+    nodes.push(questionNode(turn, i));
+    const answer = answerNode(i);
+    fillAnswer(answer, turn, false);
+    if (turn.error) showError(answer, turn.error);
+    nodes.push(answer);
+  });
+  $("log").replaceChildren(...(nodes.length ? nodes : [empty]));
+  const regenerate = $("log").querySelectorAll("[data-action=regenerate]");
+  regenerate.forEach((b, i) => { b.hidden = i !== regenerate.length - 1; });
+}
+
+function showError(node, message) {
+  const p = document.createElement("p");
+  p.className = "error";
+  p.setAttribute("role", "alert");
+  p.textContent = message;
+  node.append(p);
+}
+
+async function openConversation(id) {
+  stop();
+  const conv = await guarded(() => api.conversations.get(id));
+  state.id = id;
+  state.turns = conv.turns.map((t) => ({ ...t, tool_calls: t.tool_calls || [] }));
+  $("system").value = conv.system || "";
+  if ([...$("model").options].some((o) => o.value === conv.model)) $("model").value = conv.model;
+  renderAll();
+  document.body.classList.remove("show-sidebar");
+  await refreshList();
+  await showAttach();
+  $("prompt").focus();
+}
+
+function newChat() {
+  stop();
+  state.id = null;
+  state.turns = [];
+  $("system").value = "";
+  renderAll();
+  refreshList().catch((e) => setStatus(e.message));
+  $("prompt").focus();
+}
+
+function userContent(turn) {
+  if (!turn.images || !turn.images.length) return turn.prompt;
+  return [{ type: "text", text: turn.prompt }, ...turn.images.map((url) => ({ type: "image_url", image_url: { url } }))];
+}
+
+function messages(turns) {
+  const out = [];
+  const system = $("system").value.trim();
+  if (system) out.push({ role: "system", content: system });
+  turns.forEach((t, i) => {
+    out.push({ role: "user", content: userContent(t) });
+    if (i < turns.length - 1) out.push({ role: "assistant", content: t.response || "" });
+  });
+  return out;
+}
+
+// One streamed event into the turn
+function apply(turn, event) {
+  if (event.usage) {
+    turn.usage = flatUsage(event.usage);
+    turn.timings = event.timings || {};
+  }
+  for (const choice of event.choices || []) {
+    const d = choice.delta || {};
+    if (d.content) turn.response += d.content;
+    if (d.reasoning_content) turn.reasoning += d.reasoning_content;
+    for (const c of d.tool_calls || []) {
+      turn.tool_calls[c.index] ||= { id: c.id, type: "function", function: { name: "", arguments: "" } };
+      const call = turn.tool_calls[c.index];
+      if (c.function && c.function.name) call.function.name += c.function.name;
+      if (c.function && c.function.arguments) call.function.arguments += c.function.arguments;
+    }
+    if (choice.finish_reason) turn.finish_reason = choice.finish_reason;
+  }
+}
+
+function nearBottom() {
+  const log = $("log");
+  return log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+}
+
+function paint(node, turn) {
+  if (state.frame) return;
+  state.frame = requestAnimationFrame(() => {
+    state.frame = null;
+    const stick = nearBottom();
+    fillAnswer(node, turn, true);
+    if (stick) $("log").scrollTop = $("log").scrollHeight;
+  });
+}
+
+function setBusy(busy) {
+  $("send").hidden = busy;
+  $("stop").hidden = !busy;
+  $("log").setAttribute("aria-busy", String(busy));
+}
+
+// Ask for the answer to turn `index` (a new question, an edited one, or a regeneration)
+async function ask(index, prompt, images) {
+  let fields;
+  try {
+    fields = requestFields();
+    $("settings-error").textContent = "";
+  } catch (e) {
+    $("settings-error").textContent = e.message;
+    openSettings(true);
+    return;
+  }
+  if (!state.id) state.id = api.newId();
+  const model = $("model").value;
+  const turn = { prompt, images, response: "", reasoning: "", tool_calls: [], model };
+  state.turns = [...state.turns.slice(0, index), turn];
+  renderAll();
+  const node = $("log").querySelector(`article.assistant[data-index="${index}"]`);
+  fillAnswer(node, turn, true);
+  $("log").scrollTop = $("log").scrollHeight;
+  const controller = new AbortController();
+  state.busy = controller;
+  setBusy(true);
+  const body = { model, messages: messages(state.turns), stream: true, stream_options: { include_usage: true }, ...fields };
+  try {
+    const response = await guarded(() => api.call("/v1/chat/completions", { method: "POST", body, signal: controller.signal }));
+    for await (const event of api.events(response)) {
+      apply(turn, event);
+      paint(node, turn);
+    }
+  } catch (e) {
+    if (e.name === "AbortError") turn.finish_reason = "cancelled";
+    else {
+      turn.finish_reason = turn.finish_reason || "error";
+      turn.error = e.message;
+    }
+  } finally {
+    state.busy = null;
+    setBusy(false);
+    if (state.frame) cancelAnimationFrame(state.frame);
+    state.frame = null;
+  }
+  fillAnswer(node, turn, false);
+  if (turn.error) showError(node, turn.error);
+  if (!turn.error) await record(index, turn);
+}
+
+async function record(index, turn) {
+  if (!state.kept) return;
+  const payload = {
+    index, model: turn.model, system: $("system").value.trim() || null, prompt: turn.prompt,
+    response: turn.response, reasoning: turn.reasoning || null, finish_reason: turn.finish_reason || null,
+    usage: turn.usage || {}, timings: turn.timings || {}, tool_calls: turn.tool_calls.length ? turn.tool_calls : null,
+  };
+  try {
+    await guarded(() => api.conversations.record(state.id, payload));
+    await refreshList();
+  } catch (e) {
+    if (e.status === 409) {
+      state.kept = false;
+      $("not-kept").hidden = false;
+    } else setStatus(`Not saved: ${e.message}`);
+  }
+}
+
+function stop() {
+  if (state.busy) state.busy.abort();
+}
+
+function send() {
+  const text = $("prompt").value;
+  if (state.busy || !text.trim()) return;
+  if (!$("model").value) {
+    setStatus("Pick a model first");
+    return;
+  }
+  const images = state.images;
+  $("prompt").value = "";
+  state.images = [];
+  $("attachments").replaceChildren();
+  ask(state.turns.length, text, images);
+}
+
+function editTurn(index) {
+  if (state.busy) return;
+  const node = $("log").querySelector(`article.user[data-index="${index}"]`);
+  const area = document.createElement("textarea");
+  area.value = state.turns[index].prompt;
+  area.setAttribute("aria-label", "Edit the message");
+  area.rows = 3;
+  const save = Object.assign(document.createElement("button"), { type: "button", textContent: "Send", className: "primary small" });
+  const cancel = Object.assign(document.createElement("button"), { type: "button", textContent: "Cancel", className: "small" });
+  const row = document.createElement("div");
+  row.className = "tools";
+  row.append(save, cancel);
+  node.replaceChildren(area, row);
+  area.focus();
+  save.onclick = () => ask(index, area.value, state.turns[index].images);
+  cancel.onclick = renderAll;
+  area.onkeydown = (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      save.onclick();
+    } else if (e.key === "Escape") renderAll();
+  };
+}
+
+function renameItem(li) {
+  const open = li.querySelector("[data-action=open]");
+  const input = Object.assign(document.createElement("input"), { type: "text", value: open.textContent, maxLength: 200 });
+  input.setAttribute("aria-label", "New name for the conversation");
+  open.replaceWith(input);
+  input.select();
+  let done = false;
+  const finish = async (keep) => {
+    if (done) return;
+    done = true;
+    if (keep && input.value.trim()) {
+      try { await guarded(() => api.conversations.rename(li.dataset.id, input.value.trim())); } catch (e) { setStatus(e.message); }
+    }
+    await refreshList();
+  };
+  input.onkeydown = (e) => {
+    if (e.key === "Enter") finish(true);
+    else if (e.key === "Escape") finish(false);
+  };
+  input.onblur = () => finish(true);
+}
+
+async function deleteItem(li) {
+  const title = li.querySelector("[data-action=open]").textContent;
+  if (!window.confirm(`Delete “${title}”?`)) return;
+  await guarded(() => api.conversations.remove(li.dataset.id));
+  if (state.id === li.dataset.id) newChat();
+  else await refreshList();
+}
+
+function openSettings(open) {
+  $("settings").hidden = !open;
+  $("open-settings").setAttribute("aria-expanded", String(open));
+  if (open) $("system").focus();
+}
+
+function attach(files) {
+  for (const file of files) {
+    const reader = new FileReader();
+    reader.onload = () => {
+      state.images.push(reader.result);
+      const chip = document.createElement("span");
+      chip.className = "chip";
+      chip.textContent = file.name;
+      const remove = Object.assign(document.createElement("button"), { type: "button", textContent: "✕", className: "icon" });
+      remove.setAttribute("aria-label", `Remove ${file.name}`);
+      remove.onclick = () => {
+        state.images = state.images.filter((x) => x !== reader.result);
+        chip.remove();
+      };
+      chip.append(remove);
+      $("attachments").append(chip);
+    };
+    reader.readAsDataURL(file);
+  }
+}
+
+function wire() {
+  $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      send();
+    }
+  });
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape" && state.busy) stop(); });
+  $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", newChat);
+  $("model").addEventListener("change", () => {
+    localStorage.setItem("tallow.model", $("model").value);
+    showAttach();
+  });
+  $("attach").addEventListener("change", (e) => { attach(e.target.files); e.target.value = ""; });
+  $("open-settings").addEventListener("click", () => openSettings($("settings").hidden));
+  $("close-settings").addEventListener("click", () => openSettings(false));
+  $("open-sidebar").addEventListener("click", () => {
+    document.body.classList.add("show-sidebar");
+    $("open-sidebar").setAttribute("aria-expanded", "true");
+  });
+  $("close-sidebar").addEventListener("click", () => {
+    document.body.classList.remove("show-sidebar");
+    $("open-sidebar").setAttribute("aria-expanded", "false");
+  });
+  $("log").addEventListener("click", (e) => {
+    const target = e.target.closest("button");
+    if (!target) return;
+    const index = Number(target.closest("article")?.dataset.index);
+    if (target.classList.contains("copy")) copyCode(target);
+    else if (target.dataset.action === "edit") editTurn(index);
+    else if (target.dataset.action === "regenerate" && !state.busy) ask(index, state.turns[index].prompt, state.turns[index].images);
+  });
+  $("conversations").addEventListener("click", (e) => {
+    const target = e.target.closest("button");
+    const li = target && target.closest("li");
+    if (!li) return;
+    const action = target.dataset.action;
+    const work = action === "open" ? openConversation(li.dataset.id) : action === "rename" ? renameItem(li) : deleteItem(li);
+    Promise.resolve(work).catch((err) => setStatus(err.message));
+  });
+}
+
+async function boot() {
+  loadSettings();
+  wire();
+  try {
+    await loadModels();
+    await refreshList();
+  } catch (e) {
+    setStatus(e.message);
+  }
+  document.body.dataset.ready = "true";
+  $("prompt").focus();
+}
+
+boot();
