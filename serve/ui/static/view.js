@@ -100,7 +100,14 @@ export function fillAnswer(node, turn, streaming) {
   if (turn.reasoning) {
     reasoning.hidden = false;
     reasoning.querySelector(".reasoning-text").textContent = turn.reasoning;
-    if (streaming && !turn.response) reasoning.open = true;
+    // open while the model thinks, closed once the answer begins (the user may open it again)
+    if (streaming && !turn.response) {
+      reasoning.open = true;
+      node.dataset.thinking = "true";
+    } else if (node.dataset.thinking) {
+      reasoning.open = false;
+      delete node.dataset.thinking;
+    }
   }
   const body = node.querySelector(".body");
   body.replaceChildren(render(turn.response || ""));
@@ -130,6 +137,6 @@ export function conversationItem(conv, current) {
   open.type = "button";
   open.dataset.action = "open";
   if (conv.id === current) open.setAttribute("aria-current", "true");
-  li.append(open, button("Rename", "rename", `Rename “${conv.title}”`), button("Delete", "delete", `Delete “${conv.title}”`));
+  li.append(open, button("\u270E", "rename", `Rename “${conv.title}”`), button("\u2715", "delete", `Delete “${conv.title}”`));
   return li;
 }
