@@ -25,6 +25,9 @@ def test_wheel_installs_only_the_tallow_package(tmp_path):
         assert f"tallow/{pkg}/__init__.py" in names
     assert "tallow/__init__.py" not in names  # a namespace: no modules of its own
     assert "tallow/quantize/data/eval.txt" in names  # `tallow eval` works offline from a wheel install
+    static = Path(ROOT / "serve" / "ui" / "static")
+    for page_file in static.rglob("*.*"):  # the chat page and its vendored libraries, licences included
+        assert "tallow/serve/ui/static/" + str(page_file.relative_to(static)) in names
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)

@@ -1,5 +1,5 @@
 """The chat page's files: read once from the package, served with the headers that keep the
-page to its own origin (docs/DESIGN.md, "The web page").
+page to its own origin (docs/DESIGN.md, "The chat page").
 
 Every file ships in the package (serve/ui/static/, vendored libraries included), so the page
 needs nothing from the network. Each answer carries a Content-Security-Policy that allows
