@@ -49,6 +49,7 @@ def models(tmp_path_factory):
         "hostile": write_synthetic_gguf(d / "hostile.gguf", script=HOSTILE_SCRIPT, ctx_train=16384,
                                         extra_tokens=(IMG, SCRIPT, JS)),
         "loop": write_synthetic_gguf(d / "loop.gguf", script={"\n": "a", "a": "b", "b": "a"}, ctx_train=32768),
+        "lookup": write_synthetic_gguf(d / "lookup.gguf", script={"\n": "a", "a": "b", "b": "a"}),
         "tool": write_synthetic_gguf(d / "tool.gguf", script=TOOL_SCRIPT, template=HERMES,
                                      extra_tokens=("<tool_call>", "</tool_call>", CALL)),
     }
@@ -57,8 +58,9 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     home = tmp_path_factory.mktemp("uihome")
-    s = Server(models["md"], home, str(models["hostile"]), str(models["loop"]), str(models["tool"]),
-               "--max-models", "4", "--model-option", "loop.gguf ctx=32768", "--model-option", "hostile.gguf ctx=16384",
+    s = Server(models["md"], home, str(models["hostile"]), str(models["loop"]), str(models["tool"]), str(models["lookup"]),
+               "--max-models", "5", "--model-option", "loop.gguf ctx=32768", "--model-option", "hostile.gguf ctx=16384",
+               "--model-option", "lookup.gguf draft=lookup",
                env={"TALLOW_NO_LOG": "0"})
     yield s
     s.close()
@@ -151,12 +153,17 @@ def origin_only(w: Watched, server) -> None:
 def test_an_answer_streams_renders_and_shows_what_it_cost(watched, server):
     before = metrics(server)
     watched.open()
-    assert watched.page.locator("#model option").all_inner_texts() == ["hostile.gguf", "loop.gguf", "md.gguf", "tool.gguf"]
+    assert watched.page.locator("#model option").all_inner_texts() == ["hostile.gguf", "lookup.gguf", "loop.gguf", "md.gguf",
+                                                                       "tool.gguf"]
     watched.send("Say hello", "md.gguf")
     watched.page.locator("#stop").wait_for(state="visible")  # streaming: Stop replaces Send
     usage, line = watched.stats(0)
     answer = watched.answered(0)
     assert answer.locator(".body strong").inner_text() == "world"
+    watched.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    answer.locator("button.copy").click()
+    assert answer.locator("button.copy").inner_text() == "Copied"
+    assert watched.page.evaluate("navigator.clipboard.readText()").strip() == "print('hi')"
     assert answer.locator(".body pre code").inner_text().strip() == "print('hi')"
     assert answer.locator("button.copy").count() == 1
     reasoning = answer.locator("details.reasoning")
@@ -176,6 +183,29 @@ def test_an_answer_streams_renders_and_shows_what_it_cost(watched, server):
     assert watched.page.locator("#send").is_visible() and watched.page.locator("#stop").is_hidden()
     assert watched.errors == [] and watched.dialogs == []
     origin_only(watched, server)
+
+
+def test_drafting_shows_the_drafts_accepted(watched, server):
+    watched.open()
+    watched.setting("max_tokens", "120")
+    watched.send("Repeat yourself", "lookup.gguf")
+    usage, line = watched.stats(0)
+    assert usage["draft"] == "lookup" and usage["draft_tokens"] > 0 and usage["accepted_tokens"] > 0
+    assert line.endswith(f" · draft {usage['accepted_tokens']}/{usage['draft_tokens']} accepted · length"), line
+
+
+def test_errors_are_shown_where_they_happen(watched, server):
+    watched.open("?model=no-such-model")
+    assert watched.page.input_value("#model") == "no-such-model"  # as asked; the server answers for it
+    watched.send("Hello?")
+    alert = watched.page.locator('article.assistant[data-index="0"] [role=alert]')
+    alert.wait_for()
+    assert "no-such-model" in alert.inner_text()
+    watched.setting("tools", "[not json")
+    watched.send("Hello?", "md.gguf")
+    error = watched.page.locator("#settings-error")
+    assert error.inner_text().startswith("Tools is not valid JSON") and error.is_visible()
+    assert watched.page.locator("#settings").is_visible()  # opened where the fix is
 
 
 def test_stop_cancels_the_request_and_frees_the_slot(watched, server):
@@ -298,6 +328,49 @@ def test_narrow_screens_and_dark_mode(browser, server):
         assert w.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     finally:
         w.close()
+
+
+def test_with_the_log_off_the_page_says_conversations_are_not_kept(browser, models, tmp_path):
+    s = Server(models["md"], tmp_path)  # the helper's TALLOW_NO_LOG=1
+    w = Watched(browser, s.url)
+    try:
+        w.open()
+        assert w.page.locator("#not-kept").is_visible()
+        assert "not kept" in w.page.locator("#not-kept").inner_text()
+        w.send("Say hello")
+        w.stats(0)  # answered all the same
+        assert w.page.locator("#conversations li").count() == 0 and w.errors == []
+    finally:
+        w.close()
+        s.close()
+
+
+def test_images_attach_when_the_model_has_a_projector(browser, default_home, default_model, tmp_path):
+    """The colour projector (tests/helpers/projector.py) makes the default model see a solid
+    colour: the answer names the colour of the picture the page attached."""
+    from helpers.projector import solid_png, write_colour_projector
+
+    proj = write_colour_projector(tmp_path / "colour-mmproj.gguf", default_model)
+    s = Server("smollm2:135m", tmp_path, "--mmproj", str(proj),
+               env={"TALLOW_MODELS": str(default_home / "models")})
+    w = Watched(browser, s.url)
+    try:
+        w.open()
+        assert w.page.locator("#attach-label").is_visible()
+        w.setting("temperature", "0")
+        w.setting("max_tokens", "12")
+        for i, (colour, rgb) in enumerate((("red", (255, 0, 0)), ("blue", (0, 0, 255)))):
+            w.page.set_input_files("#attach", str(solid_png(tmp_path / f"{colour}.png", rgb)))
+            w.page.locator(".chip", has_text=f"{colour}.png").wait_for()
+            w.send("What colour is this image? Answer with one word.")
+            w.stats(i)
+            assert w.page.locator(f'article.user[data-index="{i}"] img').count() == 1
+            answer = w.page.locator(f'article.assistant[data-index="{i}"] .body').inner_text().lower()
+            assert colour in answer, answer
+        origin_only(w, s)
+    finally:
+        w.close()
+        s.close()
 
 
 def test_a_server_with_a_key_asks_for_it_once(browser, models, tmp_path):
