@@ -93,19 +93,10 @@ class Turn:
 
 
 @dataclass
-class LoggedTurn:
-    id: int
-    conversation_id: str
-    model: str
-    system: str | None
-    prompt: str
-    response: str
-    reasoning: str | None
-    finish_reason: str | None
-    usage: dict[str, Any]  # token counts; "draft": what drafted (or None)
-    timings: dict[str, Any]
-    created: float
-    tool_calls: list[dict[str, Any]] | None = None
+class LoggedTurn(Turn):
+    """A recorded turn: its row id and when it was written; `usage` also holds "draft"."""
+    id: int = 0
+    created: float = 0.0
 
 
 class History:
@@ -170,14 +161,15 @@ class History:
             args.append(limit)
         self.db.row_factory = sqlite3.Row
         rows = self.db.execute(sql, args).fetchall()
-        return [LoggedTurn(r["id"], r["conversation_id"], r["model"], r["system"], r["prompt"], r["response"],
+        return [LoggedTurn(r["conversation_id"], r["model"], r["system"], r["prompt"], r["response"],
                            r["reasoning"], r["finish_reason"],
                            {"prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
                             "completion_tokens": r["completion_tokens"], "reasoning_tokens": r["reasoning_tokens"],
                             "draft": r["draft"], "draft_tokens": r["draft_tokens"],
                             "accepted_tokens": r["accepted_tokens"]},
-                           json.loads(r["timings"] or "{}"), r["created"],
-                           json.loads(r["tool_calls"]) if r["tool_calls"] else None) for r in rows]
+                           json.loads(r["timings"] or "{}"),
+                           json.loads(r["tool_calls"]) if r["tool_calls"] else None,
+                           id=r["id"], created=r["created"]) for r in rows]
 
     def latest_conversation(self) -> str | None:
         row = self.db.execute("SELECT conversation_id FROM responses ORDER BY id DESC LIMIT 1").fetchone()
