@@ -249,7 +249,27 @@ def test_tallow_ui_starts_a_loopback_server_when_none_runs(synth_model, tmp_path
         proc.wait(30)
 
 
-def test_tallow_ui_refuses_a_remote_host_offline_and_a_foreign_server(page_server, tmp_path):
+def test_tallow_ui_refuses_a_remote_host_offline_and_a_foreign_server(tmp_path):
+    import http.server
+    import threading
+
     r = run_tallow(["ui", "--host", "203.0.113.9:8080", "--offline"], home=tmp_path)
     assert r.returncode == 1 and r.stderr.decode().count("\n") <= 2 and "offline" in r.stderr.decode()
     assert not os.path.exists(tmp_path / "history.db")
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's name is the standard library's
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"ok": true}')
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.handle_request, daemon=True).start()  # one request, then it is done
+    try:
+        r = run_tallow(["ui", "--host", f"127.0.0.1:{other.server_address[1]}"], home=tmp_path)
+        assert r.returncode == 1 and "not a tallow server" in r.stderr.decode()
+    finally:
+        other.server_close()
