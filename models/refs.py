@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os.path
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +46,19 @@ Ref = PathRef | NameRef | HubRef | PackagedModel
 
 
 def is_path(text: str) -> bool:
-    if text.startswith((".", "/", "~")) or Path(text).exists():
+    if text.startswith((".", "/", "~")) or file_exists(text):
         return True
     # a bare "model.gguf" is a file; "ORG/REPO/FILE.gguf" is a hub reference
     return text.endswith(".gguf") and not _HUB_FILE_RE.match(text)
+
+
+def file_exists(text: str) -> bool:
+    """Whether `text` names an existing file; a name no file can have (too long for the
+    file system, a NUL byte) names none, rather than raising."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def parse_ref(text: str) -> Ref:
@@ -56,7 +66,7 @@ def parse_ref(text: str) -> Ref:
     if not text.strip():
         raise InvalidName("the model name is empty", "give a name such as smollm2:135m, or a path to a .gguf file")
     if is_path(text):
-        return PathRef(Path(text).expanduser())
+        return PathRef(Path(os.path.expanduser(text)))  # '~nobody-here' stays as written, not an error
     entry = CATALOG.get(text)
     if isinstance(entry, PackagedModel):
         return entry
