@@ -49,6 +49,8 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
                "hand).", True),
     "logs": ("history_cmds", "logs_app", "Show the local history log of runs and chats.", False),
     "cache": ("cache_cmds", "cache_app", "The prompt cache on disk: KV states of prompt prefixes.", False),
+    "keys": ("keys_cmds", "keys_app", "API keys for serve --auth keys: make, list, revoke.", False),
+    "usage": ("keys_cmds", "usage", "Show what each key used, metered by serve --auth keys.", False),
 }
 
 

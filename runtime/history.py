@@ -59,8 +59,23 @@ def m005_conversation_titles(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE responses ADD COLUMN tool_calls TEXT")
 
 
+def m006_keys_and_usage(db: sqlite3.Connection) -> None:
+    # a team's server (serve/http/keys.py, serve/http/usage.py): API keys by their SHA-256
+    # digest, never the key; and every request's usage against its key, as the request ends
+    db.execute("""CREATE TABLE api_keys (
+        name TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE, prefix TEXT NOT NULL, models TEXT NOT NULL,
+        routes TEXT NOT NULL, tokens_per_minute INTEGER, requests_per_minute INTEGER, concurrency INTEGER,
+        max_tokens INTEGER, expires REAL, revoked REAL, created REAL NOT NULL)""")
+    db.execute("""CREATE TABLE usage (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, model TEXT NOT NULL,
+        prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+        reasoning_tokens INTEGER NOT NULL, media_tokens INTEGER NOT NULL, duration_ms REAL NOT NULL,
+        finish_reason TEXT NOT NULL, created REAL NOT NULL)""")
+    db.execute("CREATE INDEX usage_key_time ON usage(key, created)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses,
-                                                          m004_drafts, m005_conversation_titles]
+                                                          m004_drafts, m005_conversation_titles, m006_keys_and_usage]
 
 
 def migrate(db: sqlite3.Connection) -> list[str]:

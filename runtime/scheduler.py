@@ -33,7 +33,7 @@ from tallow.runtime.handle import Event, Failure, Handle, QueueFull
 from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
 from tallow.runtime.sched_stats import Stats
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
-from tallow.runtime.types import LoadSettings, Request, SchedulerSettings
+from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings
 
 # Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
 # rows), past which a tiled kernel with its own summation order takes over.
@@ -117,6 +117,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closing = False
         self.stats = Stats()
+        # called on the engine thread with each finished request of a tenant, and its final event
+        self.meter: Callable[[Request, FinalEvent], None] | None = None
         self.media = MediaPrefill(engine)
         self._turns = Turns()  # which adapter set each step decodes (runtime/adapters.py)
         self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
@@ -215,7 +217,9 @@ class Scheduler:
         for job in [j for j in self._waiting if j.handle.cancelled]:
             self._waiting.remove(job)
             job.run.finish = "cancelled"
-            self._emit(job, job.run.final())
+            final = job.run.final()
+            self._metered(job, final)
+            self._emit(job, final)
         while self._waiting:
             job = self._waiting[0]
             free = [s for s in self.slots if s.job is None]
@@ -450,6 +454,7 @@ class Scheduler:
     def _finish(self, job: _Job) -> None:
         final = job.run.final()
         self.stats.count(final)
+        self._metered(job, final)
         disk, slot = self.engine.disk, job.slot
         if disk is not None and slot is not None and disk.prefixes(job.request) and self.engine.adapters.disk_ok(job.lora):
             self._emit(job, final)  # the answer first: saving its prompt never delays it
@@ -458,6 +463,10 @@ class Scheduler:
         else:
             self._release(job)
             self._emit(job, final)
+
+    def _metered(self, job: _Job, final: FinalEvent) -> None:
+        if self.meter is not None and job.request.tenant is not None:
+            self.meter(job.request, final)  # serve's metering queues the row: it never waits
 
     def _fail(self, job: _Job, error: TallowError) -> None:
         if job.slot is not None:

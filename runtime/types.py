@@ -121,6 +121,7 @@ class Request:
     media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
     lora: tuple[float, ...] | None = None  # each loaded adapter's scale, by id; None: the engine's defaults
     reasoning_budget: int | None = None  # tokens the reasoning section may take, its closing marker included
+    tenant: str | None = None  # who asked (an API key's name): metered per tenant when the scheduler has a meter
 
 
 @dataclass

@@ -36,6 +36,7 @@ class ServerConfig:
     stop: tuple[str, ...] = ()  # for requests that give no stop strings (a created model's preset)
     ui: bool = True  # the front answers GET / with the chat page (serve --no-ui: Ollama's liveness text only)
     conversations: object = None  # the history log the page keeps conversations in (None: logging is off)
+    keys: str | None = None  # serve --auth keys: the database of keys and metered usage (serve/http/keys.py)
 
 
 _SERVER = ServerConfig(model="")
@@ -79,6 +80,7 @@ class RunnerConfig:
     seed: int | None = _SERVER.seed
     tool_format: str | None = _SERVER.tool_format
     history: str | None = None
+    usage: str | None = None  # serve --auth keys: where each request's usage is recorded (serve/http/usage.py)
     aliases: tuple[str, ...] = ()
     # a created model's preset (cli/presets.py, for_runner): its request defaults, and which
     # of the settings above serve was given (those the preset does not replace)

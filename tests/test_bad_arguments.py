@@ -79,6 +79,12 @@ def cases(synth: str, d: str, missing: str, text: str) -> list[tuple[list[str], 
         (["run", synth, "hi", "--lora", f"{synth}:nan"], USAGE), (["serve", synth, "--lora", missing], USAGE),
         (["import", d, "--base", "nope:x"], ERROR), (["import", synth, "--base", synth], ERROR),
         (["run", synth, "hi", "--cache-type-k", "q9"], USAGE), (["serve", synth, "--model-option", "x cache_type_v=q9"], USAGE),
+        (["keys", "create", "bad name!"], ERROR), (["keys", "create", "x", "--routes", "write"], ERROR),
+        (["keys", "create", "x", "--expires", "soon"], ERROR), (["keys", "create", "x", "--concurrency", "-1"], USAGE),
+        (["keys", "revoke", "nobody"], ERROR), (["keys", "update", "nobody"], ERROR), (["keys", "nope"], USAGE),
+        (["usage", "--by", "week"], USAGE), (["usage", "--since", "yesterday"], ERROR),
+        (["usage", "--prices", missing], ERROR), (["usage", "--prices", text], ERROR),
+        (["serve", synth, "--auth", "ldap"], USAGE), (["serve", synth, "--auth", "keys", "--api-key", "k"], USAGE),
         (["--nope"], USAGE), (["nosuchcommand"], USAGE),
     ]
 

@@ -64,6 +64,7 @@ def runner(
     else:
         name, sched, app, ready = _generating(model, load, c)
     crash = settings.test_runner_crash(name)
+    writer = _meter(sched, c, name)
     try:
         if socket_path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,6 +83,19 @@ def runner(
         run_uvicorn(app, sock)
     finally:
         sched.close()
+        if writer is not None:
+            writer.close()
+
+
+def _meter(sched, c: RunnerConfig, name: str):
+    """serve --auth keys: each finished request of a key recorded as it ends (None otherwise)."""
+    if c.usage is None or not hasattr(sched, "meter"):  # embedding models are not metered yet
+        return None
+    from tallow.serve.http.usage import Row, UsageWriter
+
+    writer = UsageWriter(c.usage)
+    sched.meter = lambda req, final: writer.record(Row.of(req.tenant, name, final))
+    return writer
 
 
 def _config(c: RunnerConfig, name: str, engine, crash=None):

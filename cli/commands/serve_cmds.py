@@ -28,6 +28,7 @@ def serve(
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     parallel: o.Parallel = DEFAULT.parallel,
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on every request (also TALLOW_API_KEY).", show_default=False),
+    auth: Optional[str] = typer.Option(None, "--auth", help="'keys': every request needs a key made with tallow keys create, held to its models, routes and limits, and metered (tallow usage).", show_default=False),
     cors: Optional[list[str]] = typer.Option(None, "--cors", help="Allow browser requests from this origin (repeatable).", show_default=False),
     max_tokens: int = typer.Option(DEFAULT.max_tokens, "--max-tokens", min=1, help="Clamp on a request's max_tokens."),
     max_queue: int = typer.Option(DEFAULT.max_queue, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
@@ -89,8 +90,14 @@ def serve(
     if open_page and no_ui:
         raise typer.BadParameter("there is no page to open with --no-ui", param_hint="--open")
     key = api_key or settings.api_key()
-    if not is_loopback(host) and not key:
-        raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key "
+    if auth not in (None, "keys"):
+        raise typer.BadParameter(f"'{auth}' is not a kind of authentication tallow knows (keys)", param_hint="--auth")
+    if auth == "keys" and key:
+        raise typer.BadParameter("--auth keys checks the keys of tallow keys; make one with --routes "
+                                 "generate,embed,admin there instead of --api-key (or TALLOW_API_KEY)", param_hint="--auth")
+    keys_db = str(settings.history_path()) if auth == "keys" else None
+    if not is_loopback(host) and not key and keys_db is None:
+        raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key or --auth keys "
                                  "(or TALLOW_API_KEY)", param_hint="--host")
     drafts = _Drafts(offline or settings.offline(), (draft_max, draft_min, draft_p_min))
     draft_files, draft_name = drafts.files(draft, models[0] if models else None)
@@ -127,14 +134,14 @@ def serve(
                             tool_format=forced_format, history=history,
                             mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls,
                             given=presets.given_fields(), loras=_lora_config(o.loras(lora)),
-                            reasoning_budget=reasoning_budget)
+                            reasoning_budget=reasoning_budget, usage=keys_db)
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
             from importlib.metadata import version
 
             guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
-                                 max_body=max_body, history=history, ui=not no_ui,
+                                 max_body=max_body, history=history, ui=not no_ui, keys=keys_db,
                                  conversations=str(settings.history_path()) if settings.logging_enabled() else None)
             replica = Replica()
             app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)

@@ -36,6 +36,7 @@ from tallow.serve.front.registry import Registry
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
+from tallow.serve.http.key_check import KeyCheck
 from tallow.serve.http.prometheus import counter, gauge, merge_pages
 from tallow.serve.http.replica import Replica
 from tallow.serve.http.response_store import ResponseStore
@@ -68,6 +69,7 @@ class FrontApp:
         self.started = int(time.time())
         self.stored = ResponseStore(cfg.guard.history)
         self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
+        self.keys = KeyCheck(cfg.guard.keys) if cfg.guard.keys else None  # serve --auth keys
 
     def asgi(self) -> Guard:
         routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
@@ -81,7 +83,7 @@ class FrontApp:
         if self.cfg.guard.ui:
             routes.append(Route(ASSETS + "{path:path}", self.page.asset, methods=["GET", "HEAD"]))
             routes += Conversations(self.cfg.guard.conversations, self.cfg.guard.max_body).routes()
-        proxy = Proxy(self.pool, self.registry, self.cfg.default_model, self.cfg.guard.max_body)
+        proxy = Proxy(self.pool, self.registry, self.cfg.default_model, self.cfg.guard.max_body, self.keys)
         routes += [Route(p, proxy, methods=["POST"]) for p in OLLAMA_ROUTES]
         for prefix in ("/v1", ""):
             routes += [Route(prefix + p, proxy, methods=["POST"]) for p in MODEL_ROUTES]
@@ -90,7 +92,7 @@ class FrontApp:
                        Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"])]
         app = Starlette(routes=routes, middleware=cors(self.cfg.guard),
                         exception_handlers=handlers(TallowError, self.tallow_error))
-        return Guard(app, self.cfg.guard, self.replica)
+        return Guard(app, self.cfg.guard, self.replica, self.keys)
 
     async def body_of(self, request: HTTPRequest) -> dict[str, Any]:
         return parse_json(await read_body(request, self.cfg.guard.max_body))
@@ -212,6 +214,8 @@ class FrontApp:
                      replica.inflight)
         own += counter("tallow_requests_refused_draining_total", "Requests refused with 503 while draining",
                        replica.refused)
+        if self.keys is not None:
+            own += self.keys.metrics()
         return PlainTextResponse(merge_pages(pages) + "\n".join(own) + "\n", media_type="text/plain; version=0.0.4")
 
     async def tallow_error(self, request: HTTPRequest, exc: TallowError) -> Response:

@@ -20,6 +20,8 @@ from tallow.serve.front import upstream
 from tallow.serve.front.pool import Pool, Runner, parse_keep_alive
 from tallow.serve.front.registry import Registry
 from tallow.serve.http.body import too_large
+from tallow.serve.http.key_check import KeyCheck
+from tallow.serve.http.keys import Key
 from tallow.wire import anthropic_api, ollama_api
 from tallow.wire.fields import APIError, parse_json
 
@@ -32,8 +34,10 @@ STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")
 class Proxy:
     """The ASGI app of every model route: the request goes to its model's runner."""
 
-    def __init__(self, pool: Pool, registry: Registry, default_model: str | None, max_body: int) -> None:
+    def __init__(self, pool: Pool, registry: Registry, default_model: str | None, max_body: int,
+                 keys: KeyCheck | None = None) -> None:
         self.pool, self.registry, self.default_model, self.max_body = pool, registry, default_model, max_body
+        self.keys = keys  # serve --auth keys: each key's models, and its standing while it streams
 
     async def __call__(self, scope, receive, send) -> None:
         """APIErrors raised before the answer starts become the route's error response
@@ -42,7 +46,10 @@ class Proxy:
         raw = await self._body(receive)
         body = parse_json(raw)
         local = self.registry.find(body.get("model") or self.default_model or _missing_model())
+        key: Key | None = scope.get("state", {}).get("tallow.key")
         keep = _keep_alive(body) if path in OLLAMA_ROUTES else "default"
+        if key is not None:
+            allowed(key, local.name, unload=keep == 0)
         if path in GENERATE_ROUTES and not (body.get("messages") if path == "/api/chat" else body.get("prompt")):
             return await self._load_or_unload(send, local.name, path == "/api/chat", keep)
         if body.get("model") != local.name:  # the runner answers to its model's own name
@@ -54,15 +61,20 @@ class Proxy:
             runner, load_ms = await run_in_threadpool(self.pool.acquire, local.name)
         assert runner is not None  # acquire waits for one or raises
         try:
-            await self._answer(scope, receive, send, runner, raw, load_ms)
+            await self._answer(scope, receive, send, runner, raw, load_ms, key)
         finally:
             self.pool.release(runner, keep)
 
-    async def _answer(self, scope, receive, send, runner: Runner, raw: bytes, load_ms: float) -> None:
+    async def _answer(self, scope, receive, send, runner: Runner, raw: bytes, load_ms: float,
+                      key: Key | None) -> None:
         path = scope["path"]
         headers = {"Content-Type": "application/json"}
         if load_ms:
             headers["X-Tallow-Load-Ms"] = f"{load_ms:.3f}"
+        if key is not None:  # the runner meters the request against the key, and caps its answer
+            headers["X-Tallow-Key"] = key.name
+            if key.limits.max_tokens is not None:
+                headers["X-Tallow-Max-Tokens"] = str(key.limits.max_tokens)
         gone = asyncio.ensure_future(_disconnect(receive))
         asking = asyncio.ensure_future(upstream.request(runner.socket, "POST", path, raw, headers))
         try:
@@ -82,6 +94,12 @@ class Proxy:
             await send({"type": "http.response.start", "status": reply.status, "headers": out})
             try:
                 async for chunk in reply.chunks():
+                    if key is not None and reply.streamed and (refusal := self._revoked(key)) is not None:
+                        reply.close()  # the runner cancels the request and frees its slot
+                        await send({"type": "http.response.body", "body": _broken(path, refusal, 401,
+                                                                                  "invalid_api_key"),
+                                    "more_body": True})
+                        break
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except upstream.RunnerLost:
                 if not gone.done():
@@ -90,6 +108,9 @@ class Proxy:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
+
+    def _revoked(self, key: Key) -> str | None:
+        return self.keys.still_valid(key) if self.keys is not None else None
 
     async def _body(self, receive) -> bytes:
         chunks, size = [], 0
@@ -150,9 +171,19 @@ def _settle(runner: Runner) -> None:
         pass
 
 
-def _broken(path: str, message: str) -> bytes:
-    """The last thing a stream says when its runner died, in the route's shape."""
-    err = APIError(message, 500, code="runner_crashed", kind="server_error")
+def allowed(key: Key, model: str, unload: bool) -> None:
+    """A key's models (403 for another), and unloading (Ollama's keep_alive 0) only with admin."""
+    if not key.allows_model(model):
+        raise APIError(f"the API key '{key.name}' may not use the model '{model}'", 403, "model", "model_not_allowed",
+                       "permission_error")
+    if unload and "admin" not in key.routes:
+        raise APIError(f"the API key '{key.name}' may not unload models (an admin route)", 403, "keep_alive",
+                       "permission_denied", "permission_error")
+
+
+def _broken(path: str, message: str, status: int = 500, code: str = "runner_crashed") -> bytes:
+    """The last thing a stream says when its runner died (or its key was revoked), in the route's shape."""
+    err = APIError(message, status, code=code, kind="server_error" if status >= 500 else "authentication_error")
     if path.startswith("/api/"):
         return (json.dumps(ollama_api.ollama_error(err)) + "\n").encode()
     if path.startswith(("/v1/messages", "/messages")):

@@ -14,6 +14,7 @@ from tallow.common.net import is_loopback
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import too_large
 from tallow.serve.http.errors import error_response, send_error
+from tallow.serve.http.key_check import KeyCheck
 from tallow.serve.http.replica import PROBES
 from tallow.wire.fields import APIError
 
@@ -37,11 +38,19 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-class Guard:
-    """ASGI middleware: Host check, API key and body size, before any route runs."""
+def given_key(headers: dict[str, str]) -> str:
+    """The key a request gives: OpenAI's and Ollama's clients as a Bearer token, Anthropic's as x-api-key."""
+    auth = headers.get("authorization", "")
+    given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    return given or headers.get("x-api-key", "").strip()
 
-    def __init__(self, app, cfg: ServerConfig, replica=None) -> None:
-        self.app, self.cfg = app, cfg
+
+class Guard:
+    """ASGI middleware: Host check, API key (or, with `keys`, each key's rights and limits)
+    and body size, before any route runs."""
+
+    def __init__(self, app, cfg: ServerConfig, replica=None, keys: KeyCheck | None = None) -> None:
+        self.app, self.cfg, self.keys = app, cfg, keys
         self.replica = replica  # serve/http/replica.py: the front counts requests and refuses them while draining
         self.check_host = is_loopback(cfg.host)
         self.key = cfg.api_key.encode() if cfg.api_key else None
@@ -53,14 +62,36 @@ class Guard:
         if self.check_host and host_name(headers.get("host", "")).lower() not in LOOPBACK:
             err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
             return await send_error(scope, receive, send, err)
-        if self.key is not None and needs_key(scope["method"], scope["path"]):
-            auth = headers.get("authorization", "")
-            given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
-            given = given or headers.get("x-api-key", "").strip().encode()  # Anthropic's clients
-            if not hmac.compare_digest(given, self.key):
-                err = APIError("a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)", 401,
-                               code="invalid_api_key", kind="authentication_error")
-                return await send_error(scope, receive, send, err)
+        method, path = scope["method"], scope["path"]
+        if self.keys is not None and needs_key(method, path):
+            return await self.keyed(scope, receive, send, headers)
+        if self.key is not None and needs_key(method, path) and not hmac.compare_digest(
+                given_key(headers).encode(), self.key):
+            err = APIError("a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)", 401,
+                           code="invalid_api_key", kind="authentication_error")
+            return await send_error(scope, receive, send, err)
+        return await self.admitted(scope, receive, send, headers)
+
+    async def keyed(self, scope, receive, send, headers: dict[str, str]) -> None:
+        """`tallow serve --auth keys`: the key's rights and limits; the key rides in the scope's
+        state for the routes (the proxy checks its models, and its standing mid-stream)."""
+        assert self.keys is not None
+        method, path = scope["method"], scope["path"]
+        try:
+            key = self.keys.identify(given_key(headers), method, path)
+        except APIError as err:
+            return await send_error(scope, receive, send, err)
+        refused = self.keys.admit(key, method, path)
+        if refused is not None:
+            return await error_response(path, refused[0], refused[1])(scope, receive, send)
+        scope.setdefault("state", {})["tallow.key"] = key
+        try:
+            return await self.admitted(scope, receive, send, headers)
+        finally:
+            self.keys.done(key)
+
+    async def admitted(self, scope, receive, send, headers: dict[str, str]) -> None:
+        """Past the key: the body's size, and a draining replica's refusal."""
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body):
             return await send_error(scope, receive, send, too_large(self.cfg.max_body))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 def histogram(name: str, help_text: str, h) -> list[str]:
     """A runtime Histogram (runtime/histogram.py) as cumulative buckets."""
@@ -18,6 +20,12 @@ def histogram(name: str, help_text: str, h) -> list[str]:
 
 def counter(name: str, help_text: str, value: float, labels: dict[str, str] | None = None) -> list[str]:
     return [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{_labels(labels)} {value:g}"]
+
+
+def counter_family(name: str, help_text: str, samples: Sequence[tuple[dict[str, str], float]]) -> list[str]:
+    """One counter with a sample per set of labels."""
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} counter",
+            *(f"{name}{_labels(labels)} {value:g}" for labels, value in samples)]
 
 
 def gauge(name: str, help_text: str, value: float) -> list[str]:

@@ -97,14 +97,18 @@ class RunnerApp:
         raw = await read_body(request, self.cfg.max_body)
         return parse_json(raw), len(raw)
 
-    async def submit(self, parsed, size: int):
+    async def submit(self, parsed, size: int, who: tuple[str | None, int | None] = (None, None)):
         """Queue the request (n > 1: n forks of it, each with its own seed, the prompt
-        evaluated once); events arrive as (choice, event)."""
+        evaluated once); events arrive as (choice, event). `who`: the API key's name it is
+        metered against, and that key's cap on the answer's length (set by the front)."""
         await self.load_draft(parsed.draft)
         if size <= INLINE_BODY:  # a short prompt tokenizes in well under a millisecond: no thread hop
             req = to_request(self.engine, parsed)
         else:  # a long one can take a while: off the event loop
             req = await run_in_threadpool(to_request, self.engine, parsed)
+        tenant, cap = who
+        if tenant is not None:
+            req = replace(req, tenant=tenant, max_tokens=min(req.max_tokens or cap, cap) if cap else req.max_tokens)
         loop = asyncio.get_running_loop()
         pump = self.pumps.get(loop) or self.pumps.setdefault(loop, EventPump(loop))
         events: asyncio.Queue = asyncio.Queue()
@@ -133,7 +137,9 @@ class RunnerApp:
         """Queue the request, then stream the adapters' events (one adapter per choice) or
         return the whole answer; `done(adapter)` runs once the answer is complete (to store it)."""
         adapters = adapters if isinstance(adapters, list) else [adapters]
-        req, handles, events = await self.submit(parsed, size)
+        cap = request.headers.get("x-tallow-max-tokens")
+        req, handles, events = await self.submit(parsed, size, (request.headers.get("x-tallow-key"),
+                                                                int(cap) if cap and cap.isdigit() else None))
         if parsed.stream:
             return ClosingStreamingResponse(_sse(handles, events, adapters, len(req.prompt_tokens), done),
                                      media_type=getattr(adapters[0], "media_type", "text/event-stream"),
