@@ -115,7 +115,7 @@ def test_a_key_revoked_mid_stream_ends_the_stream(team, models):
     stream = c.chat.completions.create(model="loop.gguf", messages=USER, max_tokens=30000, stream=True)
     got = 0
     with pytest.raises(openai.APIError, match="'carol' was revoked"):
-        for chunk in stream:
+        for _chunk in stream:
             got += 1
             if got == 5:
                 tallow(home, "keys", "revoke", "carol")
