@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.runtime.adapters import Turns
+from tallow.runtime.admission import FairQueue
 from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
@@ -112,7 +112,7 @@ class Scheduler:
         self.unified = settings.kv_unified and not settings.deterministic
         self.capacity = self.n_ctx if self.unified else self.n_ctx // settings.parallel
         self.slots = [_Slot(ctx, i) for i in range(settings.parallel)]
-        self._waiting: deque[_Job] = deque()
+        self._waiting = FairQueue()  # runtime/admission.py: tenants (API keys) in turn
         self._active: list[_Job] = []  # admitted, in admission order
         self._cond = threading.Condition()
         self._closing = False
@@ -212,8 +212,8 @@ class Scheduler:
         return bool(self._waiting) and any(s.job is None for s in self.slots)
 
     def _admit(self) -> None:
-        """Give waiting requests free slots, first come first served, while the KV cache has
-        room for everything they may write (a request that does not fit yet waits)."""
+        """Give waiting requests free slots, first come first served (API keys in turn), while
+        the KV cache has room for everything they may write (a request that does not fit yet waits)."""
         for job in [j for j in self._waiting if j.handle.cancelled]:
             self._waiting.remove(job)
             job.run.finish = "cancelled"
@@ -221,7 +221,7 @@ class Scheduler:
             self._metered(job, final)
             self._emit(job, final)
         while self._waiting:
-            job = self._waiting[0]
+            job = self._waiting.peek()
             free = [s for s in self.slots if s.job is None]
             if not free or self._prefilling(job.leader):
                 return  # a fork waits (briefly) for its leader's prompt, so that it is evaluated once
@@ -232,7 +232,7 @@ class Scheduler:
                 else self.engine.adapters.placement(free, self.slots, job.request.lora, prompt)
             if self.unified and not self._make_room(job, slot, free):
                 return
-            self._waiting.popleft()
+            self._waiting.take(job)
             self._start(job, slot)
 
     def _prefilling(self, leader: _Job | None) -> bool:
