@@ -22,6 +22,8 @@ class ServerConfig:
     api_key: str | None = None
     cors: tuple[str, ...] = ()
     max_body: int = 4 * 1024 * 1024  # bytes
+    body_timeout: float = 30.0  # seconds a request's body may take to arrive (408 after)
+    stall_timeout: float = 60.0  # seconds a client may leave its answer unread before it is cancelled
     max_tokens: int = 4096  # clamp
     default_max_tokens: int | None = None  # for requests that give none (None: the clamp)
     seed: int | None = None  # for requests that give none

@@ -16,8 +16,9 @@ from tallow.cli import options as o
 from tallow.cli import presets, settings
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
-from tallow.serve.config import RunnerConfig
+from tallow.serve.config import RunnerConfig, ServerConfig
 
+GUARD = ServerConfig(model="")  # the front's defaults
 DEFAULT = RunnerConfig()  # serve's defaults, defined once (serve/config.py); the options show them
 
 
@@ -34,6 +35,8 @@ def serve(
     max_queue: int = typer.Option(DEFAULT.max_queue, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
     timeout: float = typer.Option(DEFAULT.timeout, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
     max_body: int = typer.Option(DEFAULT.max_body, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
+    body_timeout: float = typer.Option(GUARD.body_timeout, "--body-timeout", callback=o.finite, min=0.1, help="Seconds a request's body may take to arrive (408 after)."),
+    stall_timeout: float = typer.Option(GUARD.stall_timeout, "--stall-timeout", callback=o.finite, min=0.1, help="Seconds a client may leave its streamed answer unread; then the request is cancelled and its slot freed."),
     deterministic: o.Deterministic = False,
     kv_unified: o.KvUnified = False,
     ctx: o.Ctx = None,
@@ -82,7 +85,6 @@ def serve(
       tallow serve --max-models 2 --keep-alive 10m
     """
     from tallow.common.net import is_loopback
-    from tallow.serve.config import ServerConfig
     from tallow.serve.front.front_app import FrontConfig, create_front
     from tallow.serve.http.replica import Replica
 
@@ -142,6 +144,7 @@ def serve(
 
             guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
                                  max_body=max_body, history=history, ui=not no_ui, keys=keys_db,
+                                 body_timeout=body_timeout, stall_timeout=stall_timeout,
                                  conversations=str(settings.history_path()) if settings.logging_enabled() else None)
             replica = Replica()
             app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)

@@ -83,7 +83,9 @@ class FrontApp:
         if self.cfg.guard.ui:
             routes.append(Route(ASSETS + "{path:path}", self.page.asset, methods=["GET", "HEAD"]))
             routes += Conversations(self.cfg.guard.conversations, self.cfg.guard.max_body).routes()
-        proxy = Proxy(self.pool, self.registry, self.cfg.default_model, self.cfg.guard.max_body, self.keys)
+        g = self.cfg.guard
+        proxy = Proxy(self.pool, self.registry, self.cfg.default_model, g.max_body, self.keys,
+                      (g.body_timeout, g.stall_timeout))
         routes += [Route(p, proxy, methods=["POST"]) for p in OLLAMA_ROUTES]
         for prefix in ("/v1", ""):
             routes += [Route(prefix + p, proxy, methods=["POST"]) for p in MODEL_ROUTES]

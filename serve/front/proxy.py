@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -19,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from tallow.serve.front import upstream
 from tallow.serve.front.pool import Pool, Runner, parse_keep_alive
 from tallow.serve.front.registry import Registry
-from tallow.serve.http.body import too_large
+from tallow.serve.http.body import in_time, too_large
 from tallow.serve.http.key_check import KeyCheck
 from tallow.serve.http.keys import Key
 from tallow.wire import anthropic_api, ollama_api
@@ -35,15 +36,16 @@ class Proxy:
     """The ASGI app of every model route: the request goes to its model's runner."""
 
     def __init__(self, pool: Pool, registry: Registry, default_model: str | None, max_body: int,
-                 keys: KeyCheck | None = None) -> None:
+                 keys: KeyCheck | None, timeouts: tuple[float, float]) -> None:
         self.pool, self.registry, self.default_model, self.max_body = pool, registry, default_model, max_body
         self.keys = keys  # serve --auth keys: each key's models, and its standing while it streams
+        self.body_s, self.stall_s = timeouts  # a body's arrival; a client that stops reading an answer
 
     async def __call__(self, scope, receive, send) -> None:
         """APIErrors raised before the answer starts become the route's error response
         (the server's exception handlers); after, the stream ends with an error event."""
         path = scope["path"]
-        raw = await self._body(receive)
+        raw = await in_time(self._body(receive), self.body_s)
         body = parse_json(raw)
         local = self.registry.find(body.get("model") or self.default_model or _missing_model())
         key: Key | None = scope.get("state", {}).get("tallow.key")
@@ -92,22 +94,32 @@ class Proxy:
                 out += STREAM_HEADERS
             out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items() if k in PASSED_HEADERS]
             await send({"type": "http.response.start", "status": reply.status, "headers": out})
-            try:
-                async for chunk in reply.chunks():
-                    if key is not None and reply.streamed and (refusal := self._revoked(key)) is not None:
-                        reply.close()  # the runner cancels the request and frees its slot
-                        await send({"type": "http.response.body", "body": _broken(path, refusal, 401,
-                                                                                  "invalid_api_key"),
-                                    "more_body": True})
-                        break
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except upstream.RunnerLost:
-                if not gone.done():
-                    await send({"type": "http.response.body", "body": _broken(path, await _lost(runner)),
-                                "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._relay(send, reply, runner, path, key, gone)
         finally:
             gone.cancel()
+
+    async def _relay(self, send, reply, runner: Runner, path: str, key: Key | None, gone) -> None:
+        """The runner's answer on to the client, chunk by chunk; ended early, in the route's
+        shape, when the key is revoked mid-stream or the runner dies, and dropped when the
+        client stops reading (Stall)."""
+        stall = Stall(self.stall_s, reply)
+        try:
+            async for chunk in reply.chunks():
+                if key is not None and reply.streamed and (refusal := self._revoked(key)) is not None:
+                    reply.close()  # the runner cancels the request and frees its slot
+                    await send({"type": "http.response.body", "body": _broken(path, refusal, 401, "invalid_api_key"),
+                                "more_body": True})
+                    break
+                await stall.send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+        except Stalled:
+            return  # the client stopped reading: the runner was told (its slot is free); the connection is dropped
+        except upstream.RunnerLost:
+            if not gone.done():
+                await send({"type": "http.response.body", "body": _broken(path, await _lost(runner)),
+                            "more_body": True})
+        finally:
+            stall.stop()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _revoked(self, key: Key) -> str | None:
         return self.keys.still_valid(key) if self.keys is not None else None
@@ -169,6 +181,46 @@ def _settle(runner: Runner) -> None:
         runner.proc.wait(2)
     except Exception:  # noqa: BLE001 - still running: the message says so
         pass
+
+
+class Stalled(Exception):
+    """The client stopped reading its answer for longer than the stall timeout."""
+
+
+class Stall:
+    """Watches a relay's sends: one that waits longer than `timeout` seconds (the client
+    stopped reading, so flow control holds the send) cancels the relay and closes the runner
+    connection, which frees the request's slot. One watcher task per answer, woken once a
+    second; the sends themselves stay plain awaits."""
+
+    def __init__(self, timeout: float, reply) -> None:
+        self.timeout, self.reply, self.since = timeout, reply, 0.0
+        self.relay = asyncio.current_task()
+        self.stalled = False
+        self.watcher = asyncio.ensure_future(self.watch())
+
+    async def send(self, send, message) -> None:
+        self.since = time.monotonic()
+        try:
+            await send(message)
+        except asyncio.CancelledError:
+            if self.stalled:
+                raise Stalled() from None
+            raise
+        self.since = 0.0
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.timeout / 2))
+            if self.since and time.monotonic() - self.since > self.timeout:
+                self.stalled = True
+                self.reply.close()
+                if self.relay is not None:
+                    self.relay.cancel()
+                return
+
+    def stop(self) -> None:
+        self.watcher.cancel()
 
 
 def allowed(key: Key, model: str, unload: bool) -> None:
