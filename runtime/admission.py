@@ -1,4 +1,5 @@
-"""The requests waiting for a slot, and which one a free slot goes to next.
+"""Sharing between requests: which waiting request a free slot goes to next, and how a
+step's prefill budget is split between the prompts being evaluated.
 
 First come, first served within a tenant (an API key's name: `Request.tenant`); between
 tenants, in turn, the tenant served longest ago first (one never served before goes first).
@@ -42,3 +43,12 @@ class FairQueue:
         self.jobs.remove(job)
         self.count += 1
         self.served[job.request.tenant] = self.count
+
+
+def prefill_order(active: list[Any]) -> list[Any]:
+    """The jobs whose prompts are still being evaluated, shortest remainder first: each takes
+    at most an equal share of what is left of the step's budget, so what a short prompt does
+    not need goes on to the longer ones, and one very long prompt cannot take every prefill
+    step while another waits behind it."""
+    waiting = [j for j in active if j.run.t_decode_start is None and len(j.held.kv) < len(j.request.prompt_tokens)]
+    return sorted(waiting, key=lambda j: len(j.request.prompt_tokens) - len(j.held.kv))

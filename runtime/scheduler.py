@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.runtime.adapters import Turns
-from tallow.runtime.admission import FairQueue
+from tallow.runtime.admission import FairQueue, prefill_order
 from tallow.runtime.draft_model import propose_all
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
@@ -318,7 +318,8 @@ class Scheduler:
             job.next_token = None
         separate = []  # deterministic prefill chunks, each a call of its own
         budget = self.n_batch - len(decode)
-        for job in list(active):
+        waiting = list(active) if det else prefill_order(active)  # det: the chunks' own rule (DET_CHUNK)
+        for i, job in enumerate(waiting):
             prompt, slot = job.request.prompt_tokens, job.held
             start = len(slot.kv)
             if job.run.t_decode_start is not None or start >= len(prompt):
@@ -333,8 +334,8 @@ class Scheduler:
             if det and len(prompt) - start == 1 and start > 0:
                 self._pair(slot, chunk)
             room = budget - len(chunk)
-            if det:  # below flash attention's tiled kernel, which rounds differently
-                room = min(room, DET_CHUNK)
+            # deterministic: below flash attention's tiled kernel, which rounds differently; else a fair share
+            room = min(room, DET_CHUNK) if det else max(1, room // (len(waiting) - i))
             n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]),  # stop at a cache point
                     *(p - start for p in [next_span(job.request.media, start)] if p is not None))  # and at media
             base = slot.sequence.pos(start) - start

@@ -92,3 +92,30 @@ def test_the_meter_sees_every_finished_request_of_a_tenant(one_slot):
     by_reason = {f.finish_reason: f for _, f in seen}
     assert set(by_reason) == {"length", "cancelled"} and by_reason["length"].usage.completion_tokens == 300
     assert by_reason["cancelled"].usage.completion_tokens == 0 and finals[2].usage.completion_tokens == 3
+
+
+def test_a_long_prompt_does_not_hold_every_prefill_step(synth_model):
+    """Two prompts evaluated at once (batch 512): a 1,500-token one submitted first, then a
+    20-token one. The step's prefill budget is shared, shortest first, so the short prompt is
+    answered first, while the long one is still being evaluated."""
+    s = Scheduler.load([synth_model], LoadSettings(n_ctx=8192, n_threads=2), SchedulerSettings(parallel=2))
+    try:
+        order: list[str] = []
+
+        def first(label):
+            def on_event(ev) -> None:
+                if isinstance(ev, TokenEvent) and label not in order:
+                    order.append(label)
+            return on_event
+        long_prompt = (s.engine.prompt_for([{"role": "user", "content": "word " * 1500}]))[:1500]
+        short_prompt = s.engine.prompt_for([{"role": "user", "content": "hi"}])
+        greedy = Sampling(temperature=0)
+        s.submit(Request(long_prompt, 2, sampling=greedy, ignore_eos=True), first("long"))
+        s.submit(Request(short_prompt, 2, sampling=greedy, ignore_eos=True), first("short"))
+        for _ in range(1200):
+            if len(order) == 2:
+                break
+            time.sleep(0.05)
+    finally:
+        s.close()
+    assert order == ["short", "long"]
