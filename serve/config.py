@@ -24,6 +24,7 @@ class ServerConfig:
     max_body: int = 4 * 1024 * 1024  # bytes
     body_timeout: float = 30.0  # seconds a request's body may take to arrive (408 after)
     stall_timeout: float = 60.0  # seconds a client may leave its answer unread before it is cancelled
+    max_per_client: int = 0  # requests one client address may have open at once (0: no cap)
     max_tokens: int = 4096  # clamp
     default_max_tokens: int | None = None  # for requests that give none (None: the clamp)
     seed: int | None = None  # for requests that give none

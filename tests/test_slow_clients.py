@@ -80,3 +80,34 @@ def test_a_client_that_stops_reading_loses_its_slot(loop_server):
         "model": "loop.gguf", "max_tokens": 4, "messages": [{"role": "user", "content": "go"}]}).encode(),
         {"Content-Type": "application/json"})
     assert status == 200 and answer["usage"]["completion_tokens"] == 4
+
+
+def test_one_address_may_hold_only_so_many_requests(tmp_path):
+    import http.client
+    import threading
+
+    model = write_synthetic_gguf(tmp_path / "loop.gguf", script={"\n": "a", "a": "b", "b": "a"}, ctx_train=32768)
+    s = Server(model, tmp_path, "--ctx", "32768", "--parallel", "2", "--max-tokens", "30000", "--max-per-client", "2")
+    host, port = s.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": "loop.gguf", "stream": True, "max_tokens": 30000,
+                       "messages": [{"role": "user", "content": "go"}]})
+    open_streams = []
+    try:
+        for _ in range(2):  # two streams held open by this address
+            c = http.client.HTTPConnection(host, int(port), timeout=60)
+            c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            r = c.getresponse()
+            assert r.status == 200 and r.read(64)
+            open_streams.append(c)
+        status, headers, answer = s.raw("/v1/models")
+        assert status == 429 and headers["Retry-After"] == "1" and "--max-per-client" in answer["error"]["message"]
+        open_streams.pop().close()  # one stream ends: the address may ask again
+        for _ in range(100):
+            if s.raw("/v1/models")[0] == 200:
+                break
+            threading.Event().wait(0.1)
+        assert s.raw("/v1/models")[0] == 200
+    finally:
+        for c in open_streams:
+            c.close()
+        s.close()

@@ -36,6 +36,7 @@ def serve(
     timeout: float = typer.Option(DEFAULT.timeout, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
     max_body: int = typer.Option(DEFAULT.max_body, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
     body_timeout: float = typer.Option(GUARD.body_timeout, "--body-timeout", callback=o.finite, min=0.1, help="Seconds a request's body may take to arrive (408 after)."),
+    max_per_client: int = typer.Option(GUARD.max_per_client, "--max-per-client", min=0, help="Requests one client address may have open at once; more get 429 (0: no cap)."),
     stall_timeout: float = typer.Option(GUARD.stall_timeout, "--stall-timeout", callback=o.finite, min=0.1, help="Seconds a client may leave its streamed answer unread; then the request is cancelled and its slot freed."),
     deterministic: o.Deterministic = False,
     kv_unified: o.KvUnified = False,
@@ -144,7 +145,7 @@ def serve(
 
             guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
                                  max_body=max_body, history=history, ui=not no_ui, keys=keys_db,
-                                 body_timeout=body_timeout, stall_timeout=stall_timeout,
+                                 body_timeout=body_timeout, stall_timeout=stall_timeout, max_per_client=max_per_client,
                                  conversations=str(settings.history_path()) if settings.logging_enabled() else None)
             replica = Replica()
             app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)

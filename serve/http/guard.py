@@ -54,6 +54,7 @@ class Guard:
         self.replica = replica  # serve/http/replica.py: the front counts requests and refuses them while draining
         self.check_host = is_loopback(cfg.host)
         self.key = cfg.api_key.encode() if cfg.api_key else None
+        self.per_client: dict[str, int] = {}  # requests open, by client address (serve --max-per-client)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -62,6 +63,23 @@ class Guard:
         if self.check_host and host_name(headers.get("host", "")).lower() not in LOOPBACK:
             err = APIError("this server answers only to a loopback Host header", 403, code="host_not_allowed")
             return await send_error(scope, receive, send, err)
+        path = scope["path"]
+        address = (scope.get("client") or ("",))[0]
+        if self.cfg.max_per_client and self.per_client.get(address, 0) >= self.cfg.max_per_client:
+            err = APIError(f"{address} has {self.cfg.max_per_client} requests open here (serve --max-per-client)", 429,
+                           code="rate_limit_exceeded", kind="rate_limit_error")
+            return await error_response(path, err, {"Retry-After": "1"})(scope, receive, send)
+        self.per_client[address] = self.per_client.get(address, 0) + 1
+        try:
+            return await self.checked(scope, receive, send, headers)
+        finally:
+            if (left := self.per_client[address] - 1) > 0:
+                self.per_client[address] = left
+            else:
+                del self.per_client[address]
+
+    async def checked(self, scope, receive, send, headers: dict[str, str]) -> None:
+        """Past the Host check and the per-client cap: the key."""
         method, path = scope["method"], scope["path"]
         if self.keys is not None and needs_key(method, path):
             return await self.keyed(scope, receive, send, headers)
