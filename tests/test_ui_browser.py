@@ -112,7 +112,7 @@ class Watched:
     def answered(self, index: int):
         """The answer's node once its stats line is there (the stream has ended)."""
         node = self.page.locator(f'article.assistant[data-index="{index}"]')
-        node.locator(".stats[data-usage]").wait_for(timeout=60_000)
+        node.locator(".stats[data-usage]").wait_for(timeout=180_000)  # bounded; a loaded CI machine is slow
         return node
 
     def stats(self, index: int) -> tuple[dict, str]:
@@ -122,6 +122,12 @@ class Watched:
 
     def close(self) -> None:
         self.context.close()
+
+
+def shared_store(default_home: Path) -> dict[str, str]:
+    """A test's own home (its history log) over the shared store and machine profile, so the
+    default model is neither fetched nor the machine calibrated again."""
+    return {"TALLOW_MODELS": str(default_home / "models"), "TALLOW_MACHINE_CACHE": str(default_home / "machine.json")}
 
 
 def metrics(server) -> str:
@@ -351,8 +357,7 @@ def test_images_attach_when_the_model_has_a_projector(browser, default_home, def
     from helpers.projector import solid_png, write_colour_projector
 
     proj = write_colour_projector(tmp_path / "colour-mmproj.gguf", default_model)
-    s = Server("smollm2:135m", tmp_path, "--mmproj", str(proj),
-               env={"TALLOW_MODELS": str(default_home / "models")})
+    s = Server("smollm2:135m", tmp_path, "--mmproj", str(proj), env=shared_store(default_home))
     w = Watched(browser, s.url)
     try:
         w.open()
@@ -404,7 +409,7 @@ def test_screenshot_for_the_readme(browser, default_home, tmp_path):
     """The README's picture, taken here: the default model answering, with its stats line.
     Written to docs/images/ when TALLOW_UPDATE_SCREENSHOT=1, else to a temporary folder."""
     # the stored model by its name, from the shared store; this test's own history log
-    s = Server("smollm2:135m", tmp_path, env={"TALLOW_NO_LOG": "0", "TALLOW_MODELS": str(default_home / "models")})
+    s = Server("smollm2:135m", tmp_path, env={"TALLOW_NO_LOG": "0", **shared_store(default_home)})
     w = Watched(browser, s.url, viewport={"width": 1100, "height": 720}, color_scheme="light")
     try:
         w.open()
