@@ -221,9 +221,9 @@ class Scheduler:
             self._metered(job, final)
             self._emit(job, final)
         while self._waiting:
-            job = self._waiting.peek()
+            job = self._waiting.peek(self.slots)
             free = [s for s in self.slots if s.job is None]
-            if not free or self._prefilling(job.leader):
+            if job is None or not free or self._prefilling(job.leader):
                 return  # a fork waits (briefly) for its leader's prompt, so that it is evaluated once
             prompt = job.request.prompt_tokens
             # The longest cached prefix; else the lowest free slot, so that busy sequences stay
