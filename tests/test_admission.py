@@ -119,3 +119,28 @@ def test_a_long_prompt_does_not_hold_every_prefill_step(synth_model):
     finally:
         s.close()
     assert order == ["short", "long"]
+
+
+@dataclass
+class Slot:
+    job: Job | None
+
+
+def test_the_last_free_slot_is_kept_for_a_key_that_is_not_being_served():
+    q = FairQueue()
+    b = Job("B1", Request([1], tenant="b"))
+    q.append(b)
+    q.take(b)  # key b was admitted a moment ago; its request has finished since
+    a = Job("A9", Request([1], tenant="a"))
+    q.append(a)
+    held_by_a = [Slot(Job("A1", Request([1], tenant="a"))), Slot(Job("A2", Request([1], tenant="a"))), Slot(None)]
+    assert q.peek(held_by_a) is None  # kept for b, which holds no slot
+    b2 = Job("B2", Request([1], tenant="b"))
+    q.append(b2)
+    assert q.peek(held_by_a) is b2  # ... and b's next request takes it, though it is a's turn
+    q.remove(b2)
+    serving_b = [Slot(Job("A1", Request([1], tenant="a"))), Slot(Job("B1", Request([1], tenant="b"))), Slot(None)]
+    assert q.peek(serving_b) is a  # b is being served: nothing to keep
+    two_free = [Slot(Job("A1", Request([1], tenant="a"))), Slot(None), Slot(None)]
+    assert q.peek(two_free) is a  # only the last free slot is kept
+    assert q.peek([Slot(None)]) is a  # a holds none: its request is admitted
