@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Any, Iterator, Sequence
 
-HOLD_S = 2.0  # seconds after another tenant's last admission during which one slot is kept for it
+HOLD_S = 2.0  # seconds after another tenant was last served during which one slot is kept for it
 
 
 class FairQueue:
@@ -24,7 +24,7 @@ class FairQueue:
     def __init__(self) -> None:
         self.jobs: deque[Any] = deque()
         self.served: dict[str | None, int] = {}  # tenant -> the admission count when last served
-        self.seen: dict[str, float] = {}  # tenant -> when one of its requests was last admitted
+        self.seen: dict[str, float] = {}  # tenant -> when it last had a request admitted or in a slot
         self.count = 0
 
     def append(self, job: Any) -> None:
@@ -42,15 +42,16 @@ class FairQueue:
     def peek(self, slots: Sequence[Any] = ()) -> Any | None:
         """The job the next free slot goes to (the queue must not be empty); None when the last
         free slot is kept: its tenant already holds a slot, and another tenant that holds none
-        was admitted in the last HOLD_S seconds (one sending a request at a time), which then
+        was served in the last HOLD_S seconds (one sending a request at a time), which then
         finds it free instead of waiting for the flood's next request to end."""
         # min() keeps the first of equals: one tenant's (or no tenant's) requests stay in arrival order
         job = min(self.jobs, key=lambda j: self.served.get(j.request.tenant, -1))
         tenant = job.request.tenant
         busy = [s.job.request.tenant for s in slots if s.job is not None]
+        now = time.monotonic()
+        self.seen.update((t, now) for t in busy if t is not None)  # being served is being active
         if tenant is None or len(slots) - len(busy) != 1 or tenant not in busy:
             return job
-        now = time.monotonic()
         if not any(t != tenant and t not in busy and now - at < HOLD_S for t, at in self.seen.items()):
             return job  # every other recent tenant is being served: nobody to keep the slot for
         # the slot is kept for the others: one of theirs that waits, else nobody
