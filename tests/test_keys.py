@@ -122,13 +122,19 @@ def test_a_key_revoked_mid_stream_ends_the_stream(team, models):
     assert got < 30000
     with pytest.raises(openai.AuthenticationError):
         c.models.list()
+    page = metrics_once(s, team[2]["admin"], 'tallow_requests_total{finish_reason="cancelled",model="loop.gguf"}')
+    assert 'tallow_requests_total{finish_reason="cancelled",model="loop.gguf"} 1' in page
+
+
+def metrics_once(s, admin: str, needle: str) -> str:
+    """/metrics (read with an admin key) once it shows `needle`, or after 10 s as it is then."""
     page = ""
     for _ in range(100):
-        page = s.raw("/metrics", headers={"Authorization": f"Bearer {team[2]['admin']}"})[2]
-        if 'tallow_requests_total{finish_reason="cancelled",model="loop.gguf"}' in page:
+        page = s.raw("/metrics", headers={"Authorization": f"Bearer {admin}"})[2]
+        if needle in page:
             break
         time.sleep(0.1)
-    assert 'tallow_requests_total{finish_reason="cancelled",model="loop.gguf"} 1' in page
+    return page
 
 
 def usage_of(home, *args: str) -> list[dict]:
@@ -271,12 +277,7 @@ def test_per_key_metrics_name_the_key_never_the_key_itself(team):
     s, _, keys = team
     openai.OpenAI(base_url=s.url + "/v1", api_key=keys["bob"], max_retries=0).chat.completions.create(
         model="beta.gguf", messages=USER, max_tokens=2)
-    page = ""
-    for _ in range(50):
-        page = s.raw("/metrics", headers={"Authorization": f"Bearer {keys['admin']}"})[2]
-        if 'tallow_key_requests_total{key="bob",model="beta.gguf"}' in page:
-            break
-        time.sleep(0.1)
+    page = metrics_once(s, keys["admin"], 'tallow_key_requests_total{key="bob",model="beta.gguf"}')
     assert 'tallow_key_requests_total{key="bob",model="beta.gguf"}' in page
     assert 'tallow_key_completion_tokens_total{key="bob",model="beta.gguf"}' in page
     assert all(k not in page for k in keys.values())
