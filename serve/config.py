@@ -22,6 +22,7 @@ class ServerConfig:
     api_key: str | None = None
     cors: tuple[str, ...] = ()
     max_body: int = 4 * 1024 * 1024  # bytes
+    header_timeout: float = 10.0  # seconds a request's headers may take to arrive (the connection is closed after)
     body_timeout: float = 30.0  # seconds a request's body may take to arrive (408 after)
     stall_timeout: float = 60.0  # seconds a client may leave its answer unread before it is cancelled
     max_per_client: int = 0  # requests one client address may have open at once (0: no cap)

@@ -111,3 +111,18 @@ def test_one_address_may_hold_only_so_many_requests(tmp_path):
         for c in open_streams:
             c.close()
         s.close()
+
+
+def test_a_client_that_trickles_its_headers_is_cut_off(synth_model, tmp_path):
+    s = Server(synth_model, tmp_path, "--header-timeout", "1")
+    try:
+        quiet = connect(s)  # connects and says nothing
+        slow = connect(s)
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never finishes
+        for sock in (quiet, slow):
+            assert sock.recv(1024) == b""  # closed by the server (the client's own 30 s timeout would raise)
+        # a client that sends its headers in time is served, on the same kind of connection
+        status, _, _ = s.raw("/v1/models")
+        assert status == 200
+    finally:
+        s.close()

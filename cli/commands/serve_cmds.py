@@ -35,6 +35,7 @@ def serve(
     max_queue: int = typer.Option(DEFAULT.max_queue, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
     timeout: float = typer.Option(DEFAULT.timeout, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
     max_body: int = typer.Option(DEFAULT.max_body, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
+    header_timeout: float = typer.Option(GUARD.header_timeout, "--header-timeout", callback=o.finite, min=0.1, help="Seconds a request's headers may take to arrive; a slower connection is closed."),
     body_timeout: float = typer.Option(GUARD.body_timeout, "--body-timeout", callback=o.finite, min=0.1, help="Seconds a request's body may take to arrive (408 after)."),
     max_per_client: int = typer.Option(GUARD.max_per_client, "--max-per-client", min=0, help="Requests one client address may have open at once; more get 429 (0: no cap)."),
     stall_timeout: float = typer.Option(GUARD.stall_timeout, "--stall-timeout", callback=o.finite, min=0.1, help="Seconds a client may leave its streamed answer unread; then the request is cancelled and its slot freed."),
@@ -162,7 +163,7 @@ def serve(
 
                     open_browser(f"http://{'localhost' if is_loopback(host) else shown}:{bound[1]}/", names[:1])
 
-            run_uvicorn(app, sock, start, replica, drain_timeout)
+            run_uvicorn(app, sock, start, replica, drain_timeout, header_timeout)
         finally:
             pool.close()
 
@@ -356,7 +357,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: float = 30.0) -> None:
+def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: float = 30.0,
+                header_s: float = GUARD.header_timeout) -> None:
     """Serve `app` on `sock` until a signal stops it. `start` runs in a thread once the loop
     is about to answer (its exception ends the server and is raised here). With a `replica`
     (serve/http/replica.py), SIGTERM drains: new requests get 503 while those in flight finish, for
@@ -380,7 +382,10 @@ def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: flo
             self.drained = True
             self.should_exit = True
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    from tallow.serve.http.header_timeout import with_header_timeout
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+                            http=with_header_timeout(header_s))
     server = Server(config)
     failed: list[BaseException] = []
     if start is not None:
