@@ -299,3 +299,24 @@ def test_concurrent_keys_are_metered_apart(team):
             break
         time.sleep(0.1)
     assert after["alice"] - before.get("alice", 0) == 3 and after["bob"] - before.get("bob", 0) == 3
+
+
+def test_embeddings_are_metered_and_an_embed_key_cannot_generate(team):
+    s, home, keys = team
+    before = {r["key"]: r for r in usage_of(home, "--model", "alpha.gguf")}.get("bob", {"requests": 0, "prompt_tokens": 0})
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key=keys["bob"], max_retries=0)
+    e = c.embeddings.create(model="alpha.gguf", input=["hello there", "general kenobi"])
+    assert e.usage.prompt_tokens > 0
+    after = before
+    for _ in range(50):
+        after = {r["key"]: r for r in usage_of(home, "--model", "alpha.gguf")}.get("bob", before)
+        if after["requests"] == before["requests"] + 1:
+            break
+        time.sleep(0.1)
+    assert after["requests"] == before["requests"] + 1
+    assert after["prompt_tokens"] - before["prompt_tokens"] == e.usage.prompt_tokens
+    embed_only = make_key(home, "indexer", "--routes", "embed")
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key=embed_only, max_retries=0)
+    assert len(c.embeddings.create(model="beta.gguf", input="x").data) == 1
+    with pytest.raises(openai.PermissionDeniedError, match="may not use generate routes"):
+        c.chat.completions.create(model="beta.gguf", messages=USER, max_tokens=2)

@@ -59,12 +59,13 @@ def runner(
                        draft_limits=DraftLimits(c.draft_max, c.draft_min, c.draft_p_min), draft_name=c.draft_name)
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
+    writer = _usage_writer(c)
+    record = writer.record if writer is not None else None
     if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker
-        name, sched, app, ready = _embedding(model, load, c)
+        name, sched, app, ready = _embedding(model, load, c, record)
     else:
-        name, sched, app, ready = _generating(model, load, c)
+        name, sched, app, ready = _generating(model, load, c, record)
     crash = settings.test_runner_crash(name)
-    writer = _meter(sched, c, name)
     try:
         if socket_path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -87,15 +88,13 @@ def runner(
             writer.close()
 
 
-def _meter(sched, c: RunnerConfig, name: str):
-    """serve --auth keys: each finished request of a key recorded as it ends (None otherwise)."""
-    if c.usage is None or not hasattr(sched, "meter"):  # embedding models are not metered yet
+def _usage_writer(c: RunnerConfig):
+    """serve --auth keys: where each request of a key is recorded as it ends (None otherwise)."""
+    if c.usage is None:
         return None
-    from tallow.serve.http.usage import Row, UsageWriter
+    from tallow.serve.http.usage import UsageWriter
 
-    writer = UsageWriter(c.usage)
-    sched.meter = lambda req, final: writer.record(Row.of(req.tenant, name, final))
-    return writer
+    return UsageWriter(c.usage)
 
 
 def _config(c: RunnerConfig, name: str, engine, crash=None):
@@ -129,18 +128,18 @@ def _stored_draft(name: str) -> tuple:
     return found.paths, found.name
 
 
-def _generating(model: str, load, c: RunnerConfig):
+def _generating(model: str, load, c: RunnerConfig, record):
     from tallow.cli.models import open_scheduler
     from tallow.serve.runner.runner_app import create_app
 
     name, sched = open_scheduler(model, load, True, c.scheduler(), disk_cache=not c.no_cache)
     engine = sched.engine
-    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)), _stored_draft)
+    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)), _stored_draft, record)
     return name, sched, app, _ready(name, engine, capacity=sched.capacity, n_ctx=sched.n_ctx,
                                     parallel=len(sched.slots), unified=sched.unified)
 
 
-def _embedding(model: str, load, c: RunnerConfig):
+def _embedding(model: str, load, c: RunnerConfig, record):
     """An embedding model or reranker: its inputs batched by the embedding scheduler."""
     from dataclasses import replace
 
@@ -151,7 +150,7 @@ def _embedding(model: str, load, c: RunnerConfig):
     local, embedder = open_embedder(model, replace(load, n_batch=c.embed_batch, n_ctx=None), True)
     sched = EmbedScheduler(embedder, max_queued_inputs=c.max_queue * 1024)
     engine = embedder.engine
-    app = create_embed_app(sched, _config(c, local.name, engine))
+    app = create_embed_app(sched, _config(c, local.name, engine), record)
     return local.name, sched, app, _ready(local.name, engine, capacity=embedder.max_tokens, n_ctx=engine.n_ctx,
                                           parallel=embedder.max_seqs, unified=True, pooling=embedder.pooling)
 

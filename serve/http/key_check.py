@@ -53,10 +53,10 @@ class Bucket:
         self.at = now
         return self.level
 
-    def wait_for(self, level: float) -> float:
-        """Seconds until the bucket holds more than `level`; 0 when it does now."""
+    def wait_for(self, n: float) -> float:
+        """Seconds until the bucket holds `n`; 0 when it does now."""
         have = self.refill()
-        return 0.0 if have > level else (level - have) * 60 / self.per_minute + 0.001
+        return 0.0 if have >= n else (n - have) * 60 / self.per_minute + 0.001
 
 
 @dataclass
@@ -134,7 +134,7 @@ class KeyCheck:
         acct, lim = self.account(key), key.limits
         if lim.concurrency is not None and acct.in_flight >= lim.concurrency:
             return too_many(f"the key '{key.name}' has {acct.in_flight} requests in flight (its limit)", 1.0)
-        if acct.tokens is not None and (wait := acct.tokens.wait_for(0)) > 0:
+        if acct.tokens is not None and (wait := acct.tokens.wait_for(1)) > 0:
             return too_many(f"the key '{key.name}' used its {lim.tokens_per_minute} tokens a minute", wait)
         if acct.requests is not None:
             if (wait := acct.requests.wait_for(1)) > 0:

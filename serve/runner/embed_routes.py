@@ -22,6 +22,7 @@ from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import counter, gauge
+from tallow.serve.http.usage import Row
 from tallow.wire import embed_api
 from tallow.wire.fields import APIError, parse_json
 from tallow.wire.request import Limits
@@ -29,10 +30,12 @@ from tallow.wire.request import Limits
 GENERATING = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
 
 
-def embed_routes(scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits) -> list[Route]:
+def embed_routes(scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits,
+                 record: Callable[[Row], None] | None = None) -> list[Route]:
     """/v1/embeddings, /api/embed, /api/embeddings and /v1/rerank (with and without /v1);
-    `scheduler()` gives the EmbedScheduler (made on first use where it is a factory)."""
-    routes = EmbedRoutes(scheduler, cfg, limits)
+    `scheduler()` gives the EmbedScheduler (made on first use where it is a factory);
+    `record` meters each request of an API key (serve --auth keys)."""
+    routes = EmbedRoutes(scheduler, cfg, limits, record)
     out = [Route(p, routes.ollama_embed, methods=["POST"]) for p in embed_api.OLLAMA_EMBED_ROUTES]
     for prefix in ("/v1", ""):
         out += [Route(f"{prefix}/embeddings", routes.embeddings, methods=["POST"]),
@@ -43,8 +46,17 @@ def embed_routes(scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, lim
 class EmbedRoutes:
     """The handlers of the embedding and rerank routes."""
 
-    def __init__(self, scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits) -> None:
-        self.scheduler, self.cfg, self.limits = scheduler, cfg, limits
+    def __init__(self, scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits,
+                 record: Callable[[Row], None] | None = None) -> None:
+        self.scheduler, self.cfg, self.limits, self.record = scheduler, cfg, limits, record
+
+    def metered(self, request: HTTPRequest, req, started: float) -> None:
+        """The request's tokens recorded against its key (serve --auth keys)."""
+        key = request.headers.get("x-tallow-key")
+        if key is not None and self.record is not None:
+            n = sum(len(t) for t in req.inputs)
+            self.record(Row(key, self.cfg.model, n, 0, 0, 0, 0, round((time.perf_counter() - started) * 1000, 3),
+                            "stop", time.time()))
 
     async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], EmbedScheduler]:
         body = parse_json(await read_body(request, self.cfg.max_body))
@@ -52,12 +64,14 @@ class EmbedRoutes:
         return body, await run_in_threadpool(self.scheduler)
 
     async def embeddings(self, request: HTTPRequest) -> Response:
+        started_at = time.perf_counter()
         body, sched = await self.body_of(request)
         if sched.embedder.ranks:
             raise APIError(f"'{self.cfg.model}' is a reranker: it scores query-document pairs; use /v1/rerank",
                            param="model")
         req = await run_in_threadpool(embed_api.parse_openai, body, sched.embedder)
         vectors = await embed_api.run(sched, req)
+        self.metered(request, req, started_at)
         return JSONResponse(embed_api.openai_answer(self.cfg.model, req, vectors))
 
     async def ollama_embed(self, request: HTTPRequest) -> Response:
@@ -68,13 +82,16 @@ class EmbedRoutes:
             raise APIError(f"'{self.cfg.model}' is a reranker: it makes no embeddings", param="model")
         req = await run_in_threadpool(embed_api.parse_ollama, body, sched.embedder, legacy)
         vectors = await embed_api.run(sched, req)
+        self.metered(request, req, started_at)
         load_ms = float(request.headers.get("x-tallow-load-ms") or 0)
         return JSONResponse(embed_api.ollama_answer(self.cfg.model, req, vectors, legacy, started_at, load_ms))
 
     async def rerank(self, request: HTTPRequest) -> Response:
+        started_at = time.perf_counter()
         body, sched = await self.body_of(request)
         _, texts, req, top_n, with_docs = await run_in_threadpool(embed_api.parse_rerank, body, sched.embedder)
         vectors = await embed_api.run(sched, req)
+        self.metered(request, req, started_at)
         answer = embed_api.rerank_answer(self.cfg.model, sched.embedder, texts, req, vectors, top_n, with_docs)
         return JSONResponse(answer)
 
@@ -98,23 +115,23 @@ class SideScheduler:
             return self.made[0]
 
 
-def create_embed_app(sched: EmbedScheduler, cfg: ServerConfig) -> Guard:
-    return EmbedApp(sched, cfg).asgi()
+def create_embed_app(sched: EmbedScheduler, cfg: ServerConfig, record: Callable[[Row], None] | None = None) -> Guard:
+    return EmbedApp(sched, cfg, record).asgi()
 
 
 class EmbedApp:
     """The app of a runner whose model pools: embeddings and reranking only; the generating
     routes answer that the model does not generate."""
 
-    def __init__(self, sched: EmbedScheduler, cfg: ServerConfig) -> None:
-        self.sched, self.cfg, self.embedder = sched, cfg, sched.embedder
+    def __init__(self, sched: EmbedScheduler, cfg: ServerConfig, record: Callable[[Row], None] | None = None) -> None:
+        self.sched, self.cfg, self.embedder, self.record = sched, cfg, sched.embedder, record
         self.limits = Limits(max_tokens=1, model=cfg.model, aliases=cfg.aliases,
                              n_vocab=self.embedder.engine.model.n_vocab)
         self.started = int(time.time())
 
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"])]
-        routes += embed_routes(lambda: self.sched, self.cfg, self.limits)
+        routes += embed_routes(lambda: self.sched, self.cfg, self.limits, self.record)
         routes += [Route(p, self.generating, methods=["POST"]) for p in ("/api/chat", "/api/generate")]
         for prefix in ("/v1", ""):
             routes += [Route(f"{prefix}/models", self.models, methods=["GET"])]

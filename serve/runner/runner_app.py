@@ -33,6 +33,7 @@ from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.streaming import ClosingStreamingResponse
+from tallow.serve.http.usage import Row
 from tallow.serve.media_fetch import fetch_media
 from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
 from tallow.serve.runner.pump import EventPump
@@ -45,16 +46,18 @@ from tallow.wire.streams import MessagesAdapter, OllamaAdapter, ResponsesAdapter
 INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the event loop
 
 
-def create_app(sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None) -> Guard:
+def create_app(sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None,
+               record: Callable[[Row], None] | None = None) -> Guard:
     """The runner's app; `find_draft(name)` gives a stored model's (paths, name) for a
     request that names a draft model this runner has not loaded (None: such a request is refused)."""
-    return RunnerApp(sched, cfg, find_draft).asgi()
+    return RunnerApp(sched, cfg, find_draft, record).asgi()
 
 
 class RunnerApp:
     """One runner's routes over its scheduler; each handler is a method."""
 
-    def __init__(self, sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None) -> None:
+    def __init__(self, sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None,
+                 record: Callable[[Row], None] | None = None) -> None:
         self.sched, self.cfg, self.engine, self.find_draft = sched, cfg, sched.engine, find_draft
         self.draft_lock = asyncio.Lock()
         engine = self.engine
@@ -71,6 +74,9 @@ class RunnerApp:
         self.pumps: dict[asyncio.AbstractEventLoop, EventPump] = {}
         self.store = ResponseStore(cfg.history)
         self.embedding = SideScheduler(engine)  # a chat model's embeddings, on first use
+        self.record = record  # serve --auth keys: each request of a key metered (serve/http/usage.py)
+        if record is not None:
+            sched.meter = lambda req, final: record(Row.of(req.tenant or "", cfg.model, final))  # tenants only
 
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
@@ -88,7 +94,7 @@ class RunnerApp:
                 Route(f"{prefix}/models", self.models, methods=["GET"]),
                 Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"]),
             ]
-        routes += embed_routes(self.embedding, self.cfg, self.limits)
+        routes += embed_routes(self.embedding, self.cfg, self.limits, self.record)
         app = Starlette(routes=routes, middleware=cors(self.cfg),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)
