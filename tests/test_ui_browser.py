@@ -168,7 +168,7 @@ def test_an_answer_streams_renders_and_shows_what_it_cost(watched, server):
     assert answer.locator(".body strong").inner_text() == "world"
     watched.context.grant_permissions(["clipboard-read", "clipboard-write"])
     answer.locator("button.copy").click()
-    assert answer.locator("button.copy").inner_text() == "Copied"
+    answer.locator("button.copy", has_text="Copied").wait_for()  # once the clipboard has it
     assert watched.page.evaluate("navigator.clipboard.readText()").strip() == "print('hi')"
     assert answer.locator(".body pre code").inner_text().strip() == "print('hi')"
     assert answer.locator("button.copy").count() == 1
@@ -360,7 +360,7 @@ def test_images_attach_when_the_model_has_a_projector(browser, default_home, def
     s = Server("smollm2:135m", tmp_path, "--mmproj", str(proj), env=shared_store(default_home))
     w = Watched(browser, s.url)
     try:
-        w.open()
+        w.open("?model=smollm2:135m")  # the shared store holds other models too (an embedding model, say)
         assert w.page.locator("#attach-label").is_visible()
         w.setting("temperature", "0")
         w.setting("max_tokens", "12")
@@ -412,7 +412,8 @@ def test_screenshot_for_the_readme(browser, default_home, tmp_path):
     s = Server("smollm2:135m", tmp_path, env={"TALLOW_NO_LOG": "0", **shared_store(default_home)})
     w = Watched(browser, s.url, viewport={"width": 1100, "height": 720}, color_scheme="light")
     try:
-        w.open()
+        w.open()  # the shared store may hold an embedding model too, sorted first: the page picks one that chats
+        assert w.page.input_value("#model") == "smollm2:135m"
         w.setting("max_tokens", "60")
         w.setting("temperature", "0")
         w.send("Why is the sky blue? Answer in two sentences.")

@@ -7,7 +7,7 @@ import { loadSettings, requestFields } from "./settings.js";
 import { answerNode, conversationItem, fillAnswer, flatUsage, questionNode } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { id: null, turns: [], kept: true, busy: null, images: [], vision: new Map(), frame: null };
+const state = { id: null, turns: [], kept: true, busy: null, images: [], caps: new Map(), frame: null };
 const empty = $("empty");
 
 function setStatus(text) {
@@ -53,22 +53,34 @@ async function loadModels() {
   select.replaceChildren(...names.map((n) => new Option(n, n)));
   const pick = wanted || saved;
   if (pick && names.includes(pick)) select.value = pick;
+  else {  // the first model that chats (an embedding model sorts first as often as not)
+    for (const name of names) {
+      if ((await capabilities(name)).includes("completion")) {
+        select.value = name;
+        break;
+      }
+    }
+  }
   if (!names.length) setStatus("No models are stored: pull one with tallow pull");
   await showAttach();
+}
+
+// What a model can do, as /api/show says (Ollama's names: completion, embedding, vision, tools)
+async function capabilities(model) {
+  if (!state.caps.has(model)) {
+    let caps = [];
+    try {
+      caps = (await guarded(() => api.json("/api/show", { method: "POST", body: { model } }))).capabilities || [];
+    } catch (_) { /* no details: nothing assumed */ }
+    state.caps.set(model, caps);
+  }
+  return state.caps.get(model);
 }
 
 async function showAttach() {
   const model = $("model").value;
   if (!model) return;
-  if (!state.vision.has(model)) {
-    let vision = false;
-    try {
-      const show = await guarded(() => api.json("/api/show", { method: "POST", body: { model } }));
-      vision = (show.capabilities || []).includes("vision");
-    } catch (_) { /* no details: no attachments */ }
-    state.vision.set(model, vision);
-  }
-  $("attach-label").hidden = !state.vision.get(model);
+  $("attach-label").hidden = !(await capabilities(model)).includes("vision");
 }
 
 async function refreshList() {
