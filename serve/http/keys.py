@@ -141,13 +141,15 @@ class KeyStore:
         return [_row_key(r) for r in self.db.execute("SELECT * FROM api_keys ORDER BY created")]
 
     def get(self, name: str) -> Key:
-        row = self.db.execute("SELECT * FROM api_keys WHERE name = ?", (name,)).fetchone()
-        if row is None:
+        key = self.by("name", name)
+        if key is None:
             raise KeyProblem(f"no key named '{name}'", "tallow keys list shows them")
-        return _row_key(row)
+        return key
 
-    def find(self, plain: str) -> Key | None:
-        row = self.db.execute("SELECT * FROM api_keys WHERE digest = ?", (digest(plain),)).fetchone()
+    def by(self, column: str, value: str) -> Key | None:
+        """The key whose `column` ("name" or "digest") is `value`."""
+        assert column in ("name", "digest")
+        row = self.db.execute(f"SELECT * FROM api_keys WHERE {column} = ?", (value,)).fetchone()
         return _row_key(row) if row is not None else None
 
     def revoke(self, name: str) -> Key:
@@ -173,9 +175,6 @@ class KeyStore:
                              new.limits.requests_per_minute, new.limits.concurrency, new.limits.max_tokens,
                              new.expires, name))
         return new
-
-    def close(self) -> None:
-        self.db.close()
 
 
 def check_limits(limits: Limits) -> None:
@@ -205,8 +204,7 @@ class KeyRing:
         found = self.seen.get(column + ":" + value)
         if found is not None and now - found[0] < FRESH:
             return found[1]
-        row = self.store.db.execute(f"SELECT * FROM api_keys WHERE {column} = ?", (value,)).fetchone()
-        key = _row_key(row) if row is not None else None
+        key = self.store.by(column, value)
         if len(self.seen) > 10_000:  # a flood of made-up keys must not grow this without end
             self.seen.clear()
         self.seen[column + ":" + value] = (now, key)
