@@ -83,10 +83,7 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
                     stats.failed_before += key not in previous.ids
                     on_progress(stats)
                     continue
-                if body.get("stream"):
-                    raise APIError("'stream' has no meaning in a batch", param="stream")
-                parsed = parse_chat(body, limits) if "messages" in body else parse_completion(body, limits)
-                request = to_request(engine, parsed)
+                parsed, request = prepare(engine, body, limits)
             except TallowError as exc:
                 if lineno in previous.failed_lines:  # said already: not written twice
                     stats.failed_before += 1
@@ -111,6 +108,36 @@ def run_batch(sched: Scheduler, source: Iterable[tuple[int, str]], out: TextIO, 
             for h in handles:
                 h.cancel()
     return stats
+
+
+def prepare(engine, body: dict[str, Any], limits: Limits):
+    """(the parsed line, the engine's request) for a line's body; APIError for a bad one."""
+    if body.get("stream"):
+        raise APIError("'stream' has no meaning in a batch", param="stream")
+    parsed = parse_chat(body, limits) if "messages" in body else parse_completion(body, limits)
+    return parsed, to_request(engine, parsed)
+
+
+def answer_body(sched: Scheduler, body: dict[str, Any], limits: Limits, timeout: float) -> dict[str, Any]:
+    """One line's record, less its id, the caller waiting for it (a Ray actor's call, one
+    thread each); raises TallowError for a line that fails, as run_batch records it."""
+    parsed, request = prepare(sched.engine, body, limits)
+    results: queue.Queue = queue.Queue()
+    handles = submit_forks(sched, request, parsed.n, partial(_ends_to, results, 0, sched.engine.model.piece,
+                                                             request.logprobs is not None))
+    finals: dict[int, tuple[FinalEvent, Any]] = {}
+    try:
+        while len(finals) < len(handles):
+            (_, index), event, entries = results.get(timeout=timeout)
+            if isinstance(event, Failure):
+                raise event.error
+            finals[index] = (event, entries)
+    except queue.Empty:
+        raise TallowError(f"no answer in {timeout:.0f} s") from None
+    finally:
+        for h in handles:
+            h.cancel()
+    return {k: v for k, v in record(None, parsed.tools, [finals[i] for i in range(len(handles))]).items() if k != "id"}
 
 
 def record(rid: Any, choice, finals: list[tuple[FinalEvent, Any]]) -> dict[str, Any]:

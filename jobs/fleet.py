@@ -1,4 +1,6 @@
-"""`tallow batch --endpoint URL [--endpoint URL2 ...]`: a JSONL batch spread over servers.
+"""`tallow batch --endpoint URL [--endpoint URL2 ...]` (and `--ray`): a JSONL batch spread
+over members that answer whole requests: servers here, a Ray cluster's actors in
+jobs/ray_pool.py.
 
 The output file is the single source of truth, as for a local batch (jobs/batch.py): one
 thread writes it, a request's record is written once, whole, when its answer is complete
@@ -18,7 +20,10 @@ Scheduling (docs/DESIGN.md, "Remote endpoints and fleets"):
   (doubling from `backoff_s`, at most 30 s, or the server's Retry-After), up to `retries`
   times; a 4xx is the request's own fault and is recorded as its error at once;
 - `down_after` failures in a row take an endpoint out for a cooldown (doubling while it
-  keeps failing, at most 60 s); then one request probes it, and a success puts it back.
+  keeps failing, at most 60 s); then one request probes it, and a success puts it back;
+- a member whose target is not ready (a Ray actor being replaced) takes nothing, and keys
+  pinned to it move; when no member has been ready for `stall_s` with requests waiting,
+  the run stops with an error rather than wait for ever.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, Protocol, TextIO
 
 from tallow.client.endpoint import Call, Endpoint, RemoteError
 from tallow.common.errors import TallowError
 from tallow.jobs.records import BatchStats, Previous, Records, id_and_body, record_key
+from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import APIError, parse_json
 
 
@@ -47,13 +53,63 @@ class FleetSettings:
     cooldown_s: float = 5.0
     timeout_s: float = 600.0  # one request
     max_tokens: int | None = None  # clamp
+    stall_s: float = 600.0  # no member ready this long, with requests waiting: the run fails
+    n_allowed: bool = False  # members that answer n > 1 (an engine of their own, not a server's API)
+
+
+@dataclass
+class Answered:
+    """A whole answer from a member: its record's fields after the id, and its counts."""
+
+    record: dict[str, Any]
+    completion_tokens: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+
+
+class Target(Protocol):
+    """What a member sends requests to: a server (HttpTarget), a Ray actor (jobs/ray_pool.py)."""
+
+    name: str
+
+    def ready(self) -> bool:
+        """Whether it takes requests now (a server always does; failures are counted instead)."""
+        ...
+
+    def answer(self, job: Job, timeout: float) -> Answered:
+        """The whole answer to `job`; RemoteError (retryable or not) when there is none."""
+        ...
+
+
+class HttpTarget:
+    """An OpenAI-compatible server, streamed to (client/endpoint.py)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint, self.name = endpoint, endpoint.url
+
+    def ready(self) -> bool:
+        return True
+
+    def answer(self, job: Job, timeout: float) -> Answered:
+        c = Call(self.endpoint, job.path, job.body, timeout)
+        final = None
+        for event in c.events():
+            final = event
+        assert isinstance(final, FinalEvent)
+        record = {"text": final.text, **final.to_dict()}
+        if c.reply.tool_calls:
+            record["tool_calls"] = c.reply.tool_calls
+        if c.reply.logprobs:
+            record["logprobs"] = {"content": c.reply.logprobs}
+        u = final.usage
+        return Answered(record, u.completion_tokens, u.prompt_tokens, u.cached_tokens)
 
 
 @dataclass
 class Member:
-    """One endpoint's state in the fleet."""
+    """One target's state in the fleet."""
 
-    endpoint: Endpoint
+    target: Target
     inflight: int = 0
     failures: int = 0  # in a row
     down_until: float = 0.0
@@ -65,8 +121,11 @@ class Member:
     reported: int = 0  # answers that reported cached tokens
     keys: int = 0  # prefix keys pinned to it
 
+    def in_service(self, now: float) -> bool:
+        return self.down_until <= now and self.target.ready()
+
     def room(self, now: float, concurrency: int) -> bool:
-        if self.down_until > now:
+        if not self.in_service(now):
             return False
         probing = self.failures >= 1 and self.cooldown > 0  # back from a cooldown: one request at a time
         return self.inflight < (1 if probing else concurrency)
@@ -115,18 +174,19 @@ def affinity_key(body: dict[str, Any], chars: int) -> str | None:
 def rendezvous(key: str, members: list[Member]) -> list[Member]:
     """Members in the order of preference for `key` (highest random weight first): removing
     one moves only its own keys."""
-    return sorted(members, key=lambda m: hashlib.sha256(f"{key}|{m.endpoint.url}".encode()).digest(), reverse=True)
+    return sorted(members, key=lambda m: hashlib.sha256(f"{key}|{m.target.name}".encode()).digest(), reverse=True)
 
 
-def parse_line(lineno: int, text: str, model: str, cap: int | None, affinity_chars: int) -> Job:
-    """A batch line as a job for a server; raises APIError for a line that cannot be sent."""
+def parse_line(lineno: int, text: str, model: str, cap: int | None, affinity_chars: int,
+               n_allowed: bool = False) -> Job:
+    """A batch line as a job for a member; raises APIError for a line that cannot be sent."""
     rid, body = id_and_body(parse_json(text.encode("utf-8"), "the line"))
     path = "/chat/completions" if "messages" in body else "/completions" if "prompt" in body else None
     if path is None:
         raise APIError("the line needs 'messages' (a chat) or 'prompt' (a text completion)", param="messages")
     if body.get("stream"):
         raise APIError("'stream' has no meaning in a batch", param="stream")
-    if body.get("n") not in (None, 1):
+    if body.get("n") not in (None, 1) and not n_allowed:
         raise APIError("'n' above 1 is answered by a local batch (without --endpoint), not through a fleet", param="n")
     body = {"model": model, **body}
     for name in ("max_tokens", "max_completion_tokens"):
@@ -136,9 +196,9 @@ def parse_line(lineno: int, text: str, model: str, cap: int | None, affinity_cha
 
 
 class Fleet:
-    def __init__(self, endpoints: list[Endpoint], settings: FleetSettings, model: str) -> None:
+    def __init__(self, targets: list[Target], settings: FleetSettings, model: str) -> None:
         self.settings, self.model = settings, model
-        self.members = [Member(e) for e in endpoints]
+        self.members = [Member(t) for t in targets]
         self.pins: dict[str, Member] = {}  # prefix key -> its endpoint
         self.clock = time.monotonic
 
@@ -146,9 +206,9 @@ class Fleet:
         """The endpoint a prefix key is pinned to: chosen once, among those in service, as the
         one with the fewest keys (ties: rendezvous order), and moved only when it goes out."""
         member = self.pins.get(key)
-        if member is not None and member.down_until <= now:
+        if member is not None and member.in_service(now):
             return member
-        in_service = [m for m in self.members if m.down_until <= now]
+        in_service = [m for m in self.members if m.in_service(now)]
         if not in_service:
             return None
         if member is not None:
@@ -207,12 +267,14 @@ class FleetRun:
         self.lines = iter(source)
         self.exhausted = False
         self.window = max(4, 2 * self.settings.concurrency * len(fleet.members))
+        self.last_ready = fleet.clock()
 
     def loop(self) -> None:
         while True:
             while not self.exhausted and len(self.waiting) + len(self.retry) < self.window:
                 self.take_line()
             now = self.fleet.clock()
+            self.check_stall(now)
             self.dispatch(now)
             if self.exhausted and not self.waiting and not self.retry and not self.inflight:
                 return
@@ -226,6 +288,15 @@ class FleetRun:
                     self.finish(*self.results.get_nowait())
                 except queue.Empty:
                     break
+
+    def check_stall(self, now: float) -> None:
+        """Fail the run when requests wait and no member has been ready for `stall_s`."""
+        if not self.waiting or any(m.target.ready() for m in self.fleet.members):
+            self.last_ready = now
+        elif now - self.last_ready > self.settings.stall_s:
+            names = ", ".join(m.target.name for m in self.fleet.members)
+            raise TallowError(f"no member has taken requests for {self.settings.stall_s:.0f} s ({names})",
+                              "the records written so far are kept: run the same command again to go on")
 
     def dispatch(self, now: float) -> None:
         """Retries that are due go first; then each waiting job to the member it may go to now."""
@@ -247,16 +318,12 @@ class FleetRun:
 
     def call(self, job: Job, member: Member) -> None:
         """One request to one member, on a thread of its own; the outcome goes to `results`."""
-        c = Call(member.endpoint, job.path, job.body, self.settings.timeout_s)
         try:
-            final = None
-            for event in c.events():
-                final = event
-            self.results.put((job.lineno, final, c.reply))
+            self.results.put((job.lineno, member.target.answer(job, self.settings.timeout_s)))
         except RemoteError as exc:
-            self.results.put((job.lineno, exc, None))
+            self.results.put((job.lineno, exc))
         except Exception as exc:  # noqa: BLE001 - any other fault of one call must not stop the batch
-            self.results.put((job.lineno, RemoteError(f"{type(exc).__name__}: {exc}", retryable=True), None))
+            self.results.put((job.lineno, RemoteError(f"{type(exc).__name__}: {exc}", retryable=True)))
 
     def take_line(self) -> None:
         """The next input line: a job waiting, an error record, or a request answered before."""
@@ -270,7 +337,7 @@ class FleetRun:
         s, stats, previous = self.settings, self.stats, self.previous
         rid = None
         try:
-            job = parse_line(lineno, text, self.fleet.model, s.max_tokens, s.affinity_chars)
+            job = parse_line(lineno, text, self.fleet.model, s.max_tokens, s.affinity_chars, s.n_allowed)
             rid, key = job.rid, record_key(job.rid)
             if key in self.seen:
                 raise APIError(f"the id {key} appears twice in the input")
@@ -289,14 +356,14 @@ class FleetRun:
             return
         self.waiting.append(job)
 
-    def finish(self, lineno: int, outcome, reply) -> None:
+    def finish(self, lineno: int, outcome: Answered | RemoteError) -> None:
         job, member = self.inflight.pop(lineno)
         member.inflight -= 1
         if isinstance(outcome, RemoteError):
             self.failed(job, member, outcome)
         else:
             self.fleet.succeeded(member)
-            self.answered(job, member, outcome, reply)
+            self.answered(job, member, outcome)
 
     def failed(self, job: Job, member: Member, outcome: RemoteError) -> None:
         """A failed call: retried with backoff when it may succeed elsewhere or later, else the
@@ -318,22 +385,17 @@ class FleetRun:
         job.not_before = now + wait
         self.retry.append(job)
 
-    def answered(self, job: Job, member: Member, outcome, reply) -> None:
+    def answered(self, job: Job, member: Member, outcome: Answered) -> None:
         """A whole answer: its record written, the member's and the run's counts updated."""
-        record = {"id": job.rid, "text": outcome.text, **outcome.to_dict()}
-        if reply.tool_calls:
-            record["tool_calls"] = reply.tool_calls
-        if reply.logprobs:
-            record["logprobs"] = {"content": reply.logprobs}
+        record = {"id": job.rid, **outcome.record}
         if job.attempts:
             record["attempts"] = job.attempts + 1
         self.records.write(record)
         member.done += 1
-        u = outcome.usage
-        if u.cached_tokens is not None and u.prompt_tokens is not None:
+        if outcome.cached_tokens is not None and outcome.prompt_tokens is not None:
             member.reported += 1
-            member.prompt_tokens += u.prompt_tokens
-            member.cached_tokens += u.cached_tokens
+            member.prompt_tokens += outcome.prompt_tokens
+            member.cached_tokens += outcome.cached_tokens
         self.stats.done += 1
-        self.stats.completion_tokens += u.completion_tokens
+        self.stats.completion_tokens += outcome.completion_tokens
         self.on_progress(self.stats)

@@ -6,12 +6,12 @@ import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import presets
+from tallow.cli import presets, settings
 from tallow.cli.models import open_scheduler
 from tallow.cli.render import animated, err_console
 from tallow.common.errors import TallowError
@@ -45,7 +45,11 @@ def batch(
     endpoint: o.Endpoint = None,
     api_key: o.EndpointKey = None,
     retries: int = typer.Option(6, "--retries", min=0, max=100, help="With --endpoint: attempts after the first for a request that met a 429, a 5xx or a lost connection."),
-    affinity_chars: int = typer.Option(512, "--affinity-chars", min=0, help="With several --endpoint: requests whose prompts share their first N characters go to the same server (0: off)."),
+    affinity_chars: int = typer.Option(512, "--affinity-chars", min=0, help="With several --endpoint or --ray: requests whose prompts share their first N characters go to the same server or actor (0: off)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Answer on a Ray cluster: local (one started for the job), auto, or the head's address (ray://HOST:10001, HOST:6379). Needs tallow[ray].", show_default=False),
+    ray_actors: int = typer.Option(0, "--ray-actors", min=0, help="With --ray: engines to start, one Ray actor each (0: as many as the cluster's CPUs hold)."),
+    ray_cpus_per_actor: int = typer.Option(1, "--ray-cpus-per-actor", min=1, help="With --ray: CPUs each actor reserves; its engine's threads."),
+    ray_weights: str = typer.Option("auto", "--ray-weights", help="With --ray: how nodes get the weights: path (the same file at the same path on every node), ship (through Ray's object store), auto (path, else shipped when up to 1 GiB)."),
 ) -> None:
     """Run every request of a JSONL file, many at once.
 
@@ -54,12 +58,15 @@ def batch(
     requests that failed stay failed (exit 1) until --retry-failed runs them again.
 
     With --endpoint (repeatable), the requests go to those servers instead, --parallel at a
-    time to each, retried when a server fails, each line's body sent as it is.
+    time to each, retried when a server fails, each line's body sent as it is. With --ray,
+    they go to Ray actors on a cluster, each a tallow engine; an actor lost with its node is
+    replaced and its requests run again elsewhere.
 
     \b
     Examples:
       tallow batch questions.jsonl -o answers.jsonl --parallel 8
       tallow batch questions.jsonl -o answers.jsonl --endpoint http://a:8080/v1 --endpoint http://b:8080/v1
+      tallow batch questions.jsonl -o answers.jsonl --ray auto --ray-cpus-per-actor 4
     """
     from tallow.jobs.batch import run_batch
     from tallow.jobs.records import BatchStats, count_requests, open_output, previous_results, read_lines
@@ -67,6 +74,7 @@ def batch(
     from tallow.wire.request import Limits
 
     remote = o.endpoints(endpoint, api_key, offline, many=True)
+    ray_opts = _ray_options(ray, ray_actors, ray_cpus_per_actor, ray_weights, bool(remote), threads, offline)
     if remote:
         o.refuse_local({"--deterministic": deterministic, "--kv-unified": kv_unified, "--ctx": ctx is not None,
                         "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
@@ -75,8 +83,9 @@ def batch(
                         "--tool-format": tool_format != "auto", "--no-cache": no_cache, "--mmproj": mmproj is not None,
                         "--lora": bool(lora)})
     for flag, used in (("--retries", retries != 6), ("--affinity-chars", affinity_chars != 512)):
-        if used and not remote:
-            raise typer.BadParameter("this spreads requests over servers: give --endpoint", param_hint=flag)
+        if used and not remote and ray_opts is None:
+            raise typer.BadParameter("this spreads requests over servers or actors: give --endpoint or --ray",
+                                     param_hint=flag)
     else:
         cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
     forced_format = o.parse_tool_format(tool_format)
@@ -98,12 +107,16 @@ def batch(
     load = o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k, cache_type_v)
     load = replace(o.with_draft(load, draft), mmproj=o.checked_mmproj(mmproj), loras=o.loras(lora))
     load = o.draft_model(load, draft, offline, draft_max, draft_min, draft_p_min, target=model)
+    sched_settings = SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
+                                       max_queue=parallel * 4, max_tokens_cap=max_tokens, draft=o.parse_draft(draft))
+    if ray_opts is not None:
+        with out:
+            stats = _on_ray(ray_opts, model, load, sched_settings, forced_format, offline, parallel, max_tokens, retries,
+                            affinity_chars, input, out, previous, total)
+        _report(stats, input, output)
+        return
     with out:
-        name, sched = open_scheduler(model, load, offline,
-                                     SchedulerSettings(parallel=parallel, deterministic=deterministic,
-                                                       kv_unified=kv_unified, max_queue=parallel * 4,
-                                                       max_tokens_cap=max_tokens, draft=o.parse_draft(draft)),
-                                     disk_cache=not no_cache)
+        name, sched = open_scheduler(model, load, offline, sched_settings, disk_cache=not no_cache)
         try:
             stats = BatchStats(total=total)
             with _progress(total) as show:
@@ -119,14 +132,59 @@ def batch(
 
 def _remote(endpoints, model: str, parallel: int, max_tokens: int, retries: int, affinity_chars: int, input: Path,
             out, previous, total: int):
-    from tallow.jobs.fleet import Fleet, FleetSettings, FleetStats
+    from tallow.jobs.fleet import Fleet, FleetSettings, FleetStats, HttpTarget
     from tallow.jobs.records import read_lines
 
-    fleet = Fleet(endpoints, FleetSettings(concurrency=parallel, retries=retries, affinity_chars=affinity_chars,
+    fleet = Fleet([HttpTarget(e) for e in endpoints], FleetSettings(concurrency=parallel, retries=retries, affinity_chars=affinity_chars,
                                            max_tokens=max_tokens), model)
     stats = FleetStats(total=total)
     with _progress(total) as show:
         fleet.run(read_lines(input), out, previous, stats, show)
+    return stats
+
+
+def _ray_options(address: str | None, actors: int, cpus: int, weights: str, remote: bool, threads: int | None,
+                 offline: bool):
+    """--ray's settings checked, or None without --ray (its other flags are then refused)."""
+    from tallow.cli.commands.batch_ray import RayOptions, check_address, import_ray
+    from tallow.jobs.ray_weights import WEIGHT_MODES
+
+    if address is None:
+        for flag, used in (("--ray-actors", actors != 0), ("--ray-cpus-per-actor", cpus != 1),
+                           ("--ray-weights", weights != "auto")):
+            if used:
+                raise typer.BadParameter("this sets the actors of a Ray batch: give --ray", param_hint=flag)
+        return None
+    if remote:
+        raise typer.BadParameter("give --ray or --endpoint, not both", param_hint="--ray")
+    if threads is not None:
+        raise typer.BadParameter("with --ray each engine's threads are --ray-cpus-per-actor", param_hint="--threads")
+    if weights not in WEIGHT_MODES:
+        raise typer.BadParameter(f"use one of {', '.join(WEIGHT_MODES)}", param_hint="--ray-weights")
+    check_address(address, offline or settings.offline())
+    import_ray(address)
+    return RayOptions(address, actors, cpus, weights)
+
+
+def _on_ray(opts, model: str, load, sched, forced_format, offline: bool, parallel: int, max_tokens: int,
+            retries: int, affinity_chars: int, input: Path, out, previous, total: int):
+    from tallow.cli.commands.batch_ray import run_on_ray
+    from tallow.cli.models import find_model
+    from tallow.jobs.fleet import FleetSettings
+    from tallow.wire.request import Limits
+
+    local = find_model(model, offline)
+    limits = Limits(max_tokens=max_tokens, model=local.name, sampling=presets.sampling_base(), stop=presets.stops())
+    fleet = FleetSettings(concurrency=parallel, retries=retries, affinity_chars=affinity_chars,
+                          max_tokens=max_tokens, n_allowed=True)
+    stats, pool = run_on_ray(opts, local, load, sched, limits, forced_format, fleet, input, out, previous, total,
+                             _progress)
+    console = err_console()
+    nodes = ", ".join(f"{n} ({k})" for n, k in sorted(pool.nodes.items()))
+    shipped = sorted(f for f, how in pool.weights.items() if how == "shipped")
+    causes = f" ({', '.join(pool.causes)})" if pool.causes else ""
+    console.print(f"ray: actors loaded on {nodes or 'no node'}; {pool.replaced} replaced{causes}"
+                  + (f"; shipped {', '.join(shipped)}" if shipped else ""), soft_wrap=True, markup=False)
     return stats
 
 
@@ -141,7 +199,7 @@ def _report(stats, input: Path, output: Path) -> None:
             console.print(stats.cache_line(), soft_wrap=True)
         for m in members:
             state = " (out of service now)" if m.down_until > time.monotonic() else ""
-            console.print(f"  {m.endpoint.url}: {m.done} answered, {m.retried} failed and retried{state}",
+            console.print(f"  {m.target.name}: {m.done} answered, {m.retried} failed and retried{state}",
                           soft_wrap=True, markup=False)
     failed = stats.failed + stats.failed_before
     if failed:
