@@ -268,6 +268,7 @@ class FleetRun:
         self.exhausted = False
         self.window = max(4, 2 * self.settings.concurrency * len(fleet.members))
         self.last_ready = fleet.clock()
+        self.dispatched = False
 
     def loop(self) -> None:
         while True:
@@ -310,6 +311,8 @@ class FleetRun:
             if member is None:
                 continue
             self.waiting.remove(job)
+            if not self.dispatched:  # the rate counts from the first request, as a local batch's
+                self.dispatched, self.stats.started = True, time.perf_counter()  # (members' start-up excluded)
             member.inflight += 1
             self.inflight[job.lineno] = (job, member)
             # A daemon thread per call: an interrupted batch exits at once, without waiting

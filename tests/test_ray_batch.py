@@ -196,3 +196,29 @@ def test_without_ray_installed_the_refusal_is_one_line(tmp_path):
     assert done.returncode != 0
     assert err.count("\n") == 0 and 'pip install "tallow[ray]"' in err, err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_node_lacking_a_file_says_so_and_a_shipped_copy_is_checked(tmp_path):
+    from tallow.common.errors import TallowError
+    from tallow.jobs.ray_weights import Missing, WeightFile, may_ship, node_path, plan
+
+    data = b"GGUF" + bytes(range(256)) * 64
+    source = tmp_path / "model.gguf"
+    source.write_bytes(data)
+    w = plan([source], "auto", put=lambda b: pytest.fail("auto ships nothing up front"))[str(source)]
+    assert node_path(w, tmp_path / "cache", "n1", fetch=None) == (source, "path")
+    elsewhere = WeightFile(str(tmp_path / "not-on-this-node.gguf"), w.size, w.sha256)
+    with pytest.raises(Missing, match="node n1 has no copy of not-on-this-node.gguf") as caught:
+        node_path(elsewhere, tmp_path / "cache", "n1", fetch=None)
+    assert caught.value.path == elsewhere.path
+    assert may_ship(elsewhere, "auto", ship_max=w.size) and not may_ship(elsewhere, "auto", ship_max=w.size - 1)
+    assert not may_ship(elsewhere, "path", ship_max=1 << 30)
+    sent = WeightFile(elsewhere.path, w.size, w.sha256, blob="ref", by_path=False)
+    got, how = node_path(sent, tmp_path / "cache", "n1", fetch=lambda ref: data)
+    assert how == "shipped" and got == tmp_path / "cache" / f"sha256-{w.sha256}" and got.read_bytes() == data
+    damaged = WeightFile(elsewhere.path, w.size, "0" * 64, blob="ref", by_path=False)
+    with pytest.raises(TallowError, match="does not match its digest"):
+        node_path(damaged, tmp_path / "cache2", "n1", fetch=lambda ref: data)
+    assert not any((tmp_path / "cache2").iterdir()), "nothing half-written is left"
+    shipped_all = plan([source], "ship", put=lambda b: ("ref", len(b)))[str(source)]
+    assert shipped_all.blob == ("ref", len(data)) and not shipped_all.by_path
