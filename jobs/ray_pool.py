@@ -47,9 +47,9 @@ class RayPool:
         self.spec, self.settings, self.stats = spec, settings, PoolStats()
         self.lock = threading.Lock()
         # max_restarts=0: a dead actor is replaced here, where its calls are known, not by Ray
-        self.actor_class = ray.remote(num_cpus=settings.cpus_per_actor, max_restarts=0,
-                                      max_concurrency=settings.concurrency + 2,
-                                      scheduling_strategy="SPREAD")(BatchActor)
+        self.actor_class = ray.remote(BatchActor).options(num_cpus=settings.cpus_per_actor, max_restarts=0,
+                                                         max_concurrency=settings.concurrency + 2,
+                                                         scheduling_strategy="SPREAD")
         self.targets = [RayTarget(self, i) for i in range(settings.actors)]
 
     def spawn(self):
