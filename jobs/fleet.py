@@ -146,6 +146,7 @@ class Job:
 @dataclass
 class FleetStats(BatchStats):
     members: list[Member] = field(default_factory=list)
+    holders: str = "servers"  # what holds the prompt caches, as the summary names them
 
     def cache_line(self) -> str:
         reported = [m for m in self.members if m.reported]
@@ -154,7 +155,7 @@ class FleetStats(BatchStats):
         prompt = sum(m.prompt_tokens for m in reported)
         cached = sum(m.cached_tokens for m in reported)
         share = cached / prompt if prompt else 0.0
-        return f"prompt cache: {cached} of {prompt} prompt tokens ({share:.0%}) served from the servers' caches"
+        return f"prompt cache: {cached} of {prompt} prompt tokens ({share:.0%}) served from the {self.holders}' caches"
 
 
 def affinity_key(body: dict[str, Any], chars: int) -> str | None:

@@ -129,3 +129,43 @@ def test_a_stream_through_the_nginx_config_and_a_503_passed_on(synth_model, tmp_
         proc.wait(30)
         draining.close()
         replica.close()
+
+
+def test_the_kuberay_manifest_is_a_raycluster_of_tallow_engines():
+    import yaml  # Ray's own dependency (tallow[ray] is in the test extras)
+
+    doc = yaml.safe_load(block("yaml"))
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayCluster"
+    spec = doc["spec"]
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0", "engines stay off the head"
+    pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+    for pod in pods:
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert env["TALLOW_HOME"].startswith(mounts["models"] + "/"), "the store on the shared volume, same path"
+        assert env["TALLOW_OFFLINE"] == "1", "nothing downloaded on a node"
+        assert any(v["name"] == "models" and "persistentVolumeClaim" in v for v in pod["volumes"])
+    worker = spec["workerGroupSpecs"][0]
+    cpus = worker["rayStartParams"]["num-cpus"]
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == cpus
+
+
+def test_the_ray_commands_in_the_guide_are_tallows(tmp_path):
+    """Every `tallow batch ... --ray` line of docs/deploy.md parses with tallow's own parser."""
+    import shlex
+
+    import typer.main
+
+    from tallow.cli.app import app
+
+    text = DOC.read_text().replace("\\\n", " ")
+    lines = [line.split("tallow batch", 1)[1] for line in text.splitlines()
+             if "$ " in line and "tallow batch" in line and "--ray" in line]  # the console examples
+    assert len(lines) >= 2
+    group = typer.main.get_command(app)
+    ctx = group.make_context("tallow", ["batch"], resilient_parsing=True)
+    batch = group.get_command(ctx, "batch")
+    for line in lines:
+        parsed = batch.make_context("batch", shlex.split(line))  # raises on a flag or value tallow does not take
+        assert parsed.params["ray"] in ("auto", "local") or ":" in parsed.params["ray"]

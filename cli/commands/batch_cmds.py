@@ -180,7 +180,7 @@ def _on_ray(opts, model: str, load, sched, forced_format, offline: bool, paralle
     stats, pool = run_on_ray(opts, local, load, sched, limits, forced_format, fleet, input, out, previous, total,
                              _progress)
     console = err_console()
-    nodes = ", ".join(f"{n} ({k})" for n, k in sorted(pool.nodes.items()))
+    nodes = ", ".join(f"{n}: {k}" for n, k in sorted(pool.nodes.items()))
     shipped = sorted(f for f, how in pool.weights.items() if how == "shipped")
     causes = f" ({', '.join(pool.causes)})" if pool.causes else ""
     console.print(f"ray: actors loaded on {nodes or 'no node'}; {pool.replaced} replaced{causes}"

@@ -99,7 +99,7 @@ def _run(ray, opts, local, load, sched, limits, forced_format, fleet_settings, i
                                       SHIP_MAX))
     try:
         fleet = Fleet(pool.targets, fleet_settings, local.name)
-        stats = FleetStats(total=total)
+        stats = FleetStats(total=total, holders="actors")
         with progress(total) as show:
             fleet.run(read_lines(input), out, previous, stats, show)
         return stats, pool.stats
