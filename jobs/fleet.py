@@ -40,6 +40,7 @@ from tallow.client.endpoint import Call, Endpoint, RemoteError
 from tallow.common.errors import TallowError
 from tallow.jobs.records import BatchStats, Previous, Records, id_and_body, record_key
 from tallow.runtime.types import FinalEvent
+from tallow.wire.affinity import affinity_key
 from tallow.wire.fields import APIError, parse_json
 
 
@@ -156,20 +157,6 @@ class FleetStats(BatchStats):
         cached = sum(m.cached_tokens for m in reported)
         share = cached / prompt if prompt else 0.0
         return f"prompt cache: {cached} of {prompt} prompt tokens ({share:.0%}) served from the {self.holders}' caches"
-
-
-def affinity_key(body: dict[str, Any], chars: int) -> str | None:
-    """The first `chars` characters of the prompt as the server will see it, hashed; None for
-    a shorter prompt (no long prefix to share) or when affinity is off."""
-    if chars <= 0:
-        return None
-    if isinstance(body.get("messages"), list):
-        text = "".join(f"{m.get('role')}\x00{m.get('content')}\x00" for m in body["messages"] if isinstance(m, dict))
-    else:
-        text = str(body.get("prompt", ""))
-    if len(text) < chars:
-        return None
-    return hashlib.sha256(text[:chars].encode("utf-8", "replace")).hexdigest()
 
 
 def rendezvous(key: str, members: list[Member]) -> list[Member]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from tallow.common.errors import TallowError
 from tallow.jobs.batch import answer_body
-from tallow.jobs.ray_weights import Missing, WeightFile, node_path, on_node
+from tallow.runtime.node_weights import Missing, WeightFile, load_on_node, node_name
 from tallow.runtime.types import LoadSettings, SchedulerSettings
 from tallow.wire.request import Limits
 
@@ -38,9 +38,7 @@ class BatchActor:
         import ray
 
         self.spec, self.sched, self.error, self.missing = spec, None, None, None
-        node_id = ray.get_runtime_context().get_node_id()
-        address = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?")
-        self.node = f"{address} ({node_id[:8]})"  # one machine may hold several nodes
+        self.node = node_name(ray)
         self.sources: dict[str, str] = {}
         try:
             self.sched = self._load(spec, lambda ref: ray.get(ref))
@@ -51,14 +49,9 @@ class BatchActor:
             self.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
 
     def _load(self, spec: ActorSpec, fetch):
-        from tallow.runtime.scheduler import Scheduler
-
         cache = Path(spec.cache_dir) if spec.cache_dir else None
-        files: dict[str, Path] = {}
-        for key, w in spec.weights.items():
-            files[key], self.sources[w.name] = node_path(w, cache, self.node, fetch)
-        sched = Scheduler.load([files[p] for p in spec.model_paths], on_node(spec.load, files), spec.sched)
-        sched.engine.digest = spec.weights[spec.model_paths[0]].sha256
+        sched, self.sources = load_on_node(spec.model_paths, spec.weights, spec.load, spec.sched, cache, self.node,
+                                           fetch)
         engine = sched.engine
         self.limits = replace(spec.limits, n_vocab=engine.model.n_vocab, n_adapters=len(engine.adapters.specs),
                               tool_format=spec.forced_format or engine.tool_format())

@@ -20,7 +20,7 @@ from tallow.client.endpoint import RemoteError
 from tallow.common.errors import TallowError
 from tallow.jobs.fleet import Answered, Job
 from tallow.jobs.ray_actor import ActorSpec, BatchActor
-from tallow.jobs.ray_weights import may_ship, shipped
+from tallow.runtime.node_weights import may_ship, shipped
 
 
 @dataclass

@@ -1,19 +1,18 @@
 """Continuous batching: many requests decoded together in one llama.cpp context.
 
-One engine thread owns the context. Each step it packs the next token of every
-decoding sequence, then prefill chunks of admitted requests up to n_batch tokens,
-into one llama_decode; it samples for the rows that asked for logits and hands each
-request its events. A finished request frees its slot at once, and the next waiting
-request takes it at the following step. Callers talk to the thread only through
-`submit` (which queues) and the Handle it returns (which relays events and cancels).
+One engine thread owns the context. Each step it packs the next token of every decoding
+sequence, then prefill chunks of admitted requests up to n_batch tokens, into one
+llama_decode; it samples for the rows that asked for logits and hands each request its
+events. A finished request frees its slot at once, and the next waiting request takes it
+at the following step. Callers talk to the thread only through `submit` (which queues)
+and the Handle it returns (which relays events and cancels).
 
 Every slot is a Sequence of the sequence core (runtime/sequence.py) and every request an
 OutputStream, as in the engine, so the disk prompt cache, lookup drafts, grammars,
 log-probabilities and cancellation work here as they do in `run`.
 
-Deterministic mode makes a request's answer independent of what else is being
-decoded; see docs/DESIGN.md (batch invariance) for the three llama.cpp behaviours it
-works around, and the README for what that costs.
+Deterministic mode makes a request's answer independent of what else is being decoded;
+see docs/DESIGN.md (batch invariance) for the three llama.cpp behaviours it works around.
 """
 
 from __future__ import annotations
@@ -180,6 +179,9 @@ class Scheduler:
     @property
     def kv_used(self) -> int:
         return sum(len(s.kv) for s in self.slots)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()  # a health check's question (serve --ray)
 
     def close(self, keep_engine: bool = False) -> None:
         """Stop the engine thread (requests in flight or waiting fail), then close the engine

@@ -26,9 +26,10 @@ MAY_IMPORT = {
     "api": {"cli", "runtime", "models", "common"},
 }
 # inside serve/: the front (one process for many models) never loads an engine, the
-# plumbing both apps share knows neither app, and the chat page's routes (ui/) know neither
+# plumbing both apps share knows neither app, the chat page's routes (ui/) know neither, and
+# the Ray Serve application (ray/) wraps the runner's app, never the front
 SERVE_MAY_IMPORT = {"http": {"http"}, "front": {"front", "http", "ui"}, "runner": {"runner", "http"},
-                    "ui": {"ui", "http"}}
+                    "ui": {"ui", "http"}, "ray": {"ray", "runner", "http"}}
 ENGINE = ("tallow.runtime.scheduler", "tallow.runtime.engine", "tallow.runtime.backend", "tallow.runtime.sequence",
           "tallow.runtime.embedding")
 

@@ -200,7 +200,7 @@ def test_without_ray_installed_the_refusal_is_one_line(tmp_path):
 
 def test_a_node_lacking_a_file_says_so_and_a_shipped_copy_is_checked(tmp_path):
     from tallow.common.errors import TallowError
-    from tallow.jobs.ray_weights import Missing, WeightFile, may_ship, node_path, plan
+    from tallow.runtime.node_weights import Missing, WeightFile, may_ship, node_path, plan
 
     data = b"GGUF" + bytes(range(256)) * 64
     source = tmp_path / "model.gguf"

@@ -146,8 +146,8 @@ def _remote(endpoints, model: str, parallel: int, max_tokens: int, retries: int,
 def _ray_options(address: str | None, actors: int, cpus: int, weights: str, remote: bool, threads: int | None,
                  offline: bool):
     """--ray's settings checked, or None without --ray (its other flags are then refused)."""
-    from tallow.cli.commands.batch_ray import RayOptions, check_address, import_ray
-    from tallow.jobs.ray_weights import WEIGHT_MODES
+    from tallow.cli.ray_connect import RayOptions, check_address, import_ray
+    from tallow.runtime.node_weights import WEIGHT_MODES
 
     if address is None:
         for flag, used in (("--ray-actors", actors != 0), ("--ray-cpus-per-actor", cpus != 1),

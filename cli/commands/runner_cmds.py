@@ -15,13 +15,13 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from tallow.cli import options as o
 from tallow.cli import settings
+from tallow.cli.served import fingerprint, runner_load
 from tallow.serve.config import RunnerConfig
 
 
@@ -44,19 +44,7 @@ def runner(
         c = RunnerConfig.from_json(config)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
-    load = o.with_draft(o.load_settings(c.ctx, c.threads, c.gpu_layers, c.flash_attn, c.type_k, c.type_v), c.draft)
-    load = replace(load, placement=o.placement(c.device, c.main_gpu, c.split_mode, c.tensor_split))
-    if c.mmproj is not None:
-        load = replace(load, mmproj=Path(c.mmproj))
-    if c.loras:
-        from tallow.runtime.types import LoraSpec
-
-        load = replace(load, loras=tuple(LoraSpec(Path(p), s) for p, s in c.loras))
-    if c.draft_files:
-        from tallow.runtime.types import DraftLimits
-
-        load = replace(load, draft=tuple(Path(p) for p in c.draft_files),
-                       draft_limits=DraftLimits(c.draft_max, c.draft_min, c.draft_p_min), draft_name=c.draft_name)
+    load = runner_load(c)
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
     writer = _usage_writer(c)
@@ -98,10 +86,7 @@ def _usage_writer(c: RunnerConfig):
 
 
 def _config(c: RunnerConfig, name: str, engine, crash=None):
-    from importlib.metadata import version
-
-    fingerprint = f"tallow-{version('tallow')}-{(engine.digest or 'local')[:12]}" + ("-det" if c.deterministic else "")
-    return c.server(name, fingerprint, crash[0] if crash else None)
+    return c.server(name, fingerprint(engine.digest, c.deterministic), crash[0] if crash else None)
 
 
 def _ready(name: str, engine, **shape) -> dict:

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -72,6 +73,10 @@ def serve(
     no_ui: bool = typer.Option(False, "--no-ui", help="Answer GET / with the liveness text only, not the chat page."),
     open_page: bool = typer.Option(False, "--open", help="Open the chat page in the browser once serving."),
     offline: o.Offline = False,
+    ray: Optional[str] = typer.Option(None, "--ray", help="Serve the one MODEL on a Ray cluster with Ray Serve: local, auto, or the head's address. Needs tallow[ray].", show_default=False),
+    ray_replicas: int = typer.Option(0, "--ray-replicas", min=0, help="With --ray: replicas of the model, one engine each (0: as many as the cluster's CPUs hold)."),
+    ray_cpus_per_replica: int = typer.Option(1, "--ray-cpus-per-replica", min=1, help="With --ray: CPUs each replica reserves; its engine's threads."),
+    ray_weights: str = typer.Option("auto", "--ray-weights", help="With --ray: how nodes get the weights: path, ship, or auto (as tallow batch --ray)."),
 ) -> None:
     """Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.
 
@@ -82,9 +87,14 @@ def serve(
     SIGTERM drains, then exits 0.
 
     \b
+    With --ray, the one MODEL is a Ray Serve application on a cluster instead: replicas of
+    it on the nodes, requests sharing a prompt prefix routed to the same replica.
+
+    \b
     Examples:
       tallow serve smollm2:135m --port 8080 --parallel 4
       tallow serve --max-models 2 --keep-alive 10m
+      tallow serve smollm2:135m --ray auto --ray-replicas 4
     """
     from tallow.common.net import is_loopback
     from tallow.serve.front.front_app import FrontConfig, create_front
@@ -124,10 +134,14 @@ def serve(
         from tallow.runtime.devices import gpu_handles
 
         gpu_handles(place.devices)  # an unknown device: one line now, not a runner that fails later
-    sock = _listen(host, port)  # before loading: a taken port fails fast
-    with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
-        history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
-        base = RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
+    ray_opts = _ray_options(ray, ray_replicas, ray_cpus_per_replica, ray_weights, offline, models or [], {
+        "--auth": auth is not None, "--threads": threads is not None, "--max-models": max_models != 3,
+        "--memory-budget": memory_budget is not None, "--keep-alive": keep_alive is not None,
+        "--model-option": bool(model_option), "--open": open_page, "--max-per-client": max_per_client != GUARD.max_per_client,
+        "--header-timeout": header_timeout != GUARD.header_timeout})
+
+    def runner_base(history: str | None) -> RunnerConfig:
+        return RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
                             device=device, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,
                             flash_attn=flash_attn, type_k=cache_type_k, type_v=cache_type_v,
                             draft=o.parse_draft(draft), draft_files=draft_files,
@@ -139,6 +153,17 @@ def serve(
                             mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls,
                             given=presets.given_fields(), loras=_lora_config(o.loras(lora)),
                             reasoning_budget=reasoning_budget, usage=keys_db)
+
+    if ray_opts is not None:
+        from tallow.cli.commands.serve_ray import Front, serve_on_ray
+
+        serve_on_ray(ray_opts, (models or [""])[0], replace(runner_base(None), aliases=tuple(alias or ())),
+                     Front(host, port, key, tuple(cors or ()), drain_timeout), offline)
+        return
+    sock = _listen(host, port)  # before loading: a taken port fails fast
+    with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
+        history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
+        base = runner_base(history)
         pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
                                            tuple(alias or ()))
         try:
@@ -166,6 +191,32 @@ def serve(
             run_uvicorn(app, sock, start, replica, drain_timeout, header_timeout)
         finally:
             pool.close()
+
+
+def _ray_options(address: str | None, replicas: int, cpus: int, weights: str, offline: bool, models: list[str],
+                 front_only: dict[str, bool]):
+    """--ray's settings checked (None without --ray, whose other flags are then refused); the
+    flags of the multi-model front have no meaning on Ray Serve and are refused by name."""
+    from tallow.cli.ray_connect import RayOptions, check_address, import_ray
+    from tallow.runtime.node_weights import WEIGHT_MODES
+
+    if address is None:
+        for flag, used in (("--ray-replicas", replicas != 0), ("--ray-cpus-per-replica", cpus != 1),
+                           ("--ray-weights", weights != "auto")):
+            if used:
+                raise typer.BadParameter("this sets the replicas on a Ray cluster: give --ray", param_hint=flag)
+        return None
+    if len(models) != 1:
+        raise typer.BadParameter("serve --ray serves one MODEL: name it (run one serve --ray per model)",
+                                 param_hint="--ray")
+    for flag, used in front_only.items():
+        if used:
+            raise typer.BadParameter("this is not available with --ray (Ray Serve runs the replicas)", param_hint=flag)
+    if weights not in WEIGHT_MODES:
+        raise typer.BadParameter(f"use one of {', '.join(WEIGHT_MODES)}", param_hint="--ray-weights")
+    check_address(address, offline or settings.offline())
+    import_ray(address)
+    return RayOptions(address, replicas, cpus, weights)
 
 
 class _Drafts:

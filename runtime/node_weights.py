@@ -1,4 +1,5 @@
-"""Where a Ray actor's weights come from (docs/DESIGN.md, "Batch files on Ray").
+"""Where an engine on a cluster node (a `batch --ray` actor, a `serve --ray` replica) gets
+its weights (docs/DESIGN.md, "Batch files on Ray").
 
 The driver names every file the engine loads (the model's shards, its projector, a draft
 model, adapters) by path, size and SHA-256. On each node an actor uses, in this order:
@@ -130,3 +131,25 @@ def on_node(load: LoadSettings, files: dict[str, Path]) -> LoadSettings:
     return replace(load, mmproj=None if load.mmproj is None else here(load.mmproj),
                    draft=tuple(here(p) for p in load.draft),
                    loras=tuple(replace(spec, path=here(spec.path)) for spec in load.loras))
+
+
+def load_on_node(model_paths: tuple[str, ...], weights: dict[str, WeightFile], load: LoadSettings, sched_settings,
+                 cache_dir: Path | None, node: str, fetch: Callable[[Any], bytes]):
+    """(a Scheduler loaded from this node's copies, {file name: "path" | "shipped"});
+    Missing when this node lacks a file that was not shipped."""
+    from tallow.runtime.scheduler import Scheduler
+
+    files: dict[str, Path] = {}
+    sources: dict[str, str] = {}
+    for key, w in weights.items():
+        files[key], sources[w.name] = node_path(w, cache_dir, node, fetch)
+    sched = Scheduler.load([files[p] for p in model_paths], on_node(load, files), sched_settings)
+    sched.engine.digest = weights[model_paths[0]].sha256
+    return sched, sources
+
+
+def node_name(ray) -> str:
+    """This Ray worker's node: its address and the start of its id (one machine may hold several)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    address = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?")
+    return f"{address} ({node_id[:8]})"
