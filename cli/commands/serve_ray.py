@@ -85,9 +85,16 @@ def _deploy_and_wait(ray, opts: RayOptions, local, load, conf, server, front: Fr
                                                 graceful_shutdown_timeout_s=front.drain_timeout + 5)
     name = "tallow-" + "".join(ch if ch.isalnum() else "-" for ch in local.name)
     serve.start(http_options=HTTPOptions(host=front.host, port=front.port))
-    stop = threading.Event()
+    stop, got = threading.Event(), []
+
+    def on_signal(sig, _frame) -> None:
+        if stop.is_set():  # a second one: stop at once, as tallow serve does
+            raise KeyboardInterrupt
+        got.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         serve.run(ingress.bind(model.bind(spec), AFFINITY_CHARS), name=name, route_prefix="/")
     except Exception as exc:  # noqa: BLE001 - Ray's own failure to deploy: said in one line
@@ -101,3 +108,5 @@ def _deploy_and_wait(ray, opts: RayOptions, local, load, conf, server, front: Fr
         err_console().print("draining: the requests in flight finish, then the application is deleted",
                             markup=False)
         serve.delete(name)
+    if got == [signal.SIGINT]:  # Ctrl-C: drained, and still an interrupted command (exit 130)
+        raise KeyboardInterrupt
