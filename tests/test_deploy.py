@@ -152,7 +152,7 @@ def test_the_kuberay_manifest_is_a_raycluster_of_tallow_engines():
 
 
 def test_the_ray_commands_in_the_guide_are_tallows(tmp_path):
-    """Every `tallow batch ... --ray` line of docs/deploy.md parses with tallow's own parser."""
+    """Every `tallow batch|serve ... --ray` line of docs/deploy.md parses with tallow's own parser."""
     import shlex
 
     import typer.main
@@ -160,12 +160,15 @@ def test_the_ray_commands_in_the_guide_are_tallows(tmp_path):
     from tallow.cli.app import app
 
     text = DOC.read_text().replace("\\\n", " ")
-    lines = [line.split("tallow batch", 1)[1] for line in text.splitlines()
-             if "$ " in line and "tallow batch" in line and "--ray" in line]  # the console examples
-    assert len(lines) >= 2
     group = typer.main.get_command(app)
-    ctx = group.make_context("tallow", ["batch"], resilient_parsing=True)
-    batch = group.get_command(ctx, "batch")
-    for line in lines:
-        parsed = batch.make_context("batch", shlex.split(line))  # raises on a flag or value tallow does not take
-        assert parsed.params["ray"] in ("auto", "local") or ":" in parsed.params["ray"]
+    checked = 0
+    for name in ("batch", "serve"):
+        lines = [line.split(f"tallow {name}", 1)[1] for line in text.splitlines()
+                 if "$ " in line and f"tallow {name} " in line and "--ray" in line]  # the console examples
+        ctx = group.make_context("tallow", [name], resilient_parsing=True)
+        command = group.get_command(ctx, name)
+        for line in lines:
+            parsed = command.make_context(name, shlex.split(line))  # raises on a flag or value tallow does not take
+            assert parsed.params["ray"] in ("auto", "local") or ":" in parsed.params["ray"]
+            checked += 1
+    assert checked >= 3
