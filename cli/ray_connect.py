@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
+import typer
+
 from tallow.common.errors import TallowError
 from tallow.common.net import is_loopback
 
@@ -69,3 +71,21 @@ def node_load(load, cpus: int):
     describe the driver's machine, not the node's, and the engine uses exactly the CPUs
     Ray reserved for it."""
     return replace(load, n_threads=cpus, machine=None, registry=None, adapt_threads=False, related_pids=())
+
+
+def checked_options(address: str | None, count: int, cpus: int, weights: str, offline: bool,
+                    flags: tuple[str, str], what: str) -> RayOptions | None:
+    """--ray and its flags (`flags`: the count's and the CPUs' names) checked, and Ray
+    imported; None without --ray, whose other flags are then refused, naming `what` they set."""
+    from tallow.runtime.node_weights import WEIGHT_MODES
+
+    if address is None:
+        for flag, used in ((flags[0], count != 0), (flags[1], cpus != 1), ("--ray-weights", weights != "auto")):
+            if used:
+                raise typer.BadParameter(f"this sets the {what} on a Ray cluster: give --ray", param_hint=flag)
+        return None
+    if weights not in WEIGHT_MODES:
+        raise typer.BadParameter(f"use one of {', '.join(WEIGHT_MODES)}", param_hint="--ray-weights")
+    check_address(address, offline)
+    import_ray(address)
+    return RayOptions(address, count, cpus, weights)

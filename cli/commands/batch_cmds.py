@@ -146,24 +146,15 @@ def _remote(endpoints, model: str, parallel: int, max_tokens: int, retries: int,
 def _ray_options(address: str | None, actors: int, cpus: int, weights: str, remote: bool, threads: int | None,
                  offline: bool):
     """--ray's settings checked, or None without --ray (its other flags are then refused)."""
-    from tallow.cli.ray_connect import RayOptions, check_address, import_ray
-    from tallow.runtime.node_weights import WEIGHT_MODES
+    from tallow.cli.ray_connect import checked_options
 
-    if address is None:
-        for flag, used in (("--ray-actors", actors != 0), ("--ray-cpus-per-actor", cpus != 1),
-                           ("--ray-weights", weights != "auto")):
-            if used:
-                raise typer.BadParameter("this sets the actors of a Ray batch: give --ray", param_hint=flag)
-        return None
-    if remote:
+    opts = checked_options(address, actors, cpus, weights, offline or settings.offline(),
+                           ("--ray-actors", "--ray-cpus-per-actor"), "actors of a batch")
+    if opts is not None and remote:
         raise typer.BadParameter("give --ray or --endpoint, not both", param_hint="--ray")
-    if threads is not None:
+    if opts is not None and threads is not None:
         raise typer.BadParameter("with --ray each engine's threads are --ray-cpus-per-actor", param_hint="--threads")
-    if weights not in WEIGHT_MODES:
-        raise typer.BadParameter(f"use one of {', '.join(WEIGHT_MODES)}", param_hint="--ray-weights")
-    check_address(address, offline or settings.offline())
-    import_ray(address)
-    return RayOptions(address, actors, cpus, weights)
+    return opts
 
 
 def _on_ray(opts, model: str, load, sched, forced_format, offline: bool, parallel: int, max_tokens: int,

@@ -197,14 +197,11 @@ def _ray_options(address: str | None, replicas: int, cpus: int, weights: str, of
                  front_only: dict[str, bool]):
     """--ray's settings checked (None without --ray, whose other flags are then refused); the
     flags of the multi-model front have no meaning on Ray Serve and are refused by name."""
-    from tallow.cli.ray_connect import RayOptions, check_address, import_ray
-    from tallow.runtime.node_weights import WEIGHT_MODES
+    from tallow.cli.ray_connect import checked_options
 
-    if address is None:
-        for flag, used in (("--ray-replicas", replicas != 0), ("--ray-cpus-per-replica", cpus != 1),
-                           ("--ray-weights", weights != "auto")):
-            if used:
-                raise typer.BadParameter("this sets the replicas on a Ray cluster: give --ray", param_hint=flag)
+    opts = checked_options(address, replicas, cpus, weights, offline or settings.offline(),
+                           ("--ray-replicas", "--ray-cpus-per-replica"), "replicas")
+    if opts is None:
         return None
     if len(models) != 1:
         raise typer.BadParameter("serve --ray serves one MODEL: name it (run one serve --ray per model)",
@@ -212,11 +209,7 @@ def _ray_options(address: str | None, replicas: int, cpus: int, weights: str, of
     for flag, used in front_only.items():
         if used:
             raise typer.BadParameter("this is not available with --ray (Ray Serve runs the replicas)", param_hint=flag)
-    if weights not in WEIGHT_MODES:
-        raise typer.BadParameter(f"use one of {', '.join(WEIGHT_MODES)}", param_hint="--ray-weights")
-    check_address(address, offline or settings.offline())
-    import_ray(address)
-    return RayOptions(address, replicas, cpus, weights)
+    return opts
 
 
 class _Drafts:

@@ -23,11 +23,8 @@ of this kind would add, on paper: scaling needs more machines than CI has.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,31 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.ray_cluster import LoopbackCluster  # noqa: E402 - sets Ray's environment before Ray loads
 
+from benchmarks.fleet import batch, write_batch  # noqa: E402
 from benchmarks.overhead import default_model  # noqa: E402
 
 TARGET = 0.9
-RATE = re.compile(r"(\d+) tokens at ([\d.]+) tok/s")
 PROBES = 20
-
-
-def write_batch(path: Path, n: int, tokens: int) -> None:
-    with open(path, "w") as f:
-        for i in range(n):
-            text = f"Request {i}. Describe the weather at station {i} in a few sentences. " * 4
-            f.write(json.dumps({"id": i, "messages": [{"role": "user", "content": text}], "max_tokens": tokens,
-                                "temperature": 0, "ignore_eos": True}) + "\n")
-
-
-def batch(args: list[str], env: dict, out: Path) -> float:
-    out.unlink(missing_ok=True)
-    got = subprocess.run([sys.executable, "-m", "tallow.cli", "batch", *args, "-o", str(out)], env=env,
-                         capture_output=True, text=True, timeout=3600)
-    if got.returncode != 0:
-        raise SystemExit(f"tallow batch failed:\n{got.stderr}")
-    m = RATE.search(got.stderr)
-    if not m:
-        raise SystemExit(f"no rate in the batch's report:\n{got.stderr}")
-    return float(m.group(2))
 
 
 def call_latencies(model: Path, address: str) -> tuple[list[float], list[float]]:
