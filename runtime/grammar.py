@@ -99,14 +99,16 @@ def load_schema(text: str) -> Schema:
                            "give a schema file's path, or the schema itself, e.g. '{\"type\": \"object\"}'") from exc
     if not isinstance(schema, (dict, bool)):
         raise GrammarError("a JSON schema must be an object", "e.g. '{\"type\": \"object\"}'")
-    from jsonschema import SchemaError
-    from jsonschema.validators import validator_for
+    from jsonschema import Draft7Validator, Draft202012Validator, SchemaError
 
+    from tallow.runtime.schema_dialect import dialect, to_latest
+
+    older = dialect(schema) == "draft-07"
     try:
-        validator_for(schema).check_schema(schema)
+        (Draft7Validator if older else Draft202012Validator).check_schema(schema)
     except SchemaError as exc:
         raise GrammarError(f"invalid JSON schema: {exc.message}", "see https://json-schema.org for the format") from exc
-    return schema
+    return to_latest(schema) if older else schema
 
 
 def grammar_for(json_format: bool, schema: Schema | None) -> str | None:

@@ -21,3 +21,14 @@ def test_cache_prompt_true_is_accepted_and_false_refused_by_name():
     assert err.value.param == "cache_prompt" and "cache_prompt" in err.value.message
     with pytest.raises(APIError):
         parse_completion({"prompt": "hi", "cache_prompt": "yes"}, LIMITS)
+
+
+def test_a_draft_07_response_format_schema_is_accepted_as_the_same_schema():
+    tuple_07 = {"type": "array", "items": [{"type": "integer"}, {"type": "string"}], "additionalItems": False}
+    body = {"messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": tuple_07}}}
+    parsed = parse_chat(body, LIMITS)
+    assert parsed.schema == {"type": "array", "prefixItems": tuple_07["items"], "items": False}
+    declared = {**tuple_07, "$schema": "http://json-schema.org/draft-07/schema#"}
+    again = parse_chat({**body, "response_format": {"type": "json_schema", "json_schema": {"schema": declared}}}, LIMITS)
+    assert {k: v for k, v in again.schema.items() if k != "$schema"} == parsed.schema

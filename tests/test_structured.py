@@ -113,3 +113,28 @@ def test_cli_format_and_schema(default_home, tmp_path):
     cut = run_tallow(["run", "smollm2:135m", "Describe a person.", "--json-schema", str(schema), "-n", "3"],
                      home=default_home)
     assert cut.returncode == 1 and b"cut" in cut.stderr
+
+
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+TUPLE_07 = {"type": "object", "required": ["point"], "properties": {"point": {
+    "type": "array", "items": [{"type": "integer"}, {"type": "string", "enum": ["N", "S"]}], "additionalItems": False}},
+    "dependencies": {"point": ["point"]}}
+TUPLE_2020 = {"type": "object", "required": ["point"], "properties": {"point": {
+    "type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "enum": ["N", "S"]}], "items": False}},
+    "dependentRequired": {"point": ["point"]}}
+
+
+def test_a_draft_07_schema_is_read_as_draft_07_and_gives_the_2020_12_grammar():
+    """A tuple `items` list is draft-07; without `$schema` it was refused as invalid 2020-12."""
+    undeclared = load_schema(json.dumps(TUPLE_07))
+    declared = load_schema(json.dumps({"$schema": DRAFT7, **TUPLE_07}))
+    assert undeclared == TUPLE_2020 and declared == {"$schema": "https://json-schema.org/draft/2020-12/schema", **TUPLE_2020}
+    assert load_schema(json.dumps(TUPLE_2020)) == TUPLE_2020  # the current dialect, untouched
+    same = grammar_for(True, TUPLE_2020)
+    assert grammar_for(True, undeclared) == same and grammar_for(True, declared) == same
+    for schema in (undeclared, declared):  # the validator of the result means what draft-07 meant
+        check = validator_for(schema)(schema)
+        assert check.is_valid({"point": [3, "N"]}) and not check.is_valid({"point": [3, "N", 4]})
+        assert not check.is_valid({"point": ["N", 3]})
+    with pytest.raises(GrammarError, match="invalid JSON schema"):
+        load_schema(json.dumps({"type": "array", "items": 5}))  # valid in neither dialect
