@@ -25,7 +25,8 @@ def make_sampler(model, request: Request, forced: Forced | None = None):
     def make(grammar: str | None):
         return Sampler(model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
                                             s.repeat_last_n, seed, banned, grammar,
-                                            s.frequency_penalty, s.presence_penalty, request.logit_bias))
+                                            s.frequency_penalty, s.presence_penalty, request.logit_bias,
+                                            s.typical_p, (s.mirostat, s.mirostat_tau, s.mirostat_eta)))
 
     if request.lazy_grammar is not None:
         from tallow.runtime.tools.sampler import TriggeredSampler

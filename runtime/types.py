@@ -92,6 +92,10 @@ class Sampling:
     seed: int | None = None  # None: a fresh random seed per request
     frequency_penalty: float = 0.0  # OpenAI's: minus this per earlier occurrence (in the last repeat_last_n)
     presence_penalty: float = 0.0  # OpenAI's: minus this once for a token already there
+    typical_p: float = 1.0  # locally typical sampling (1: off)
+    mirostat: int = 0  # 1 or 2: Mirostat in place of top-k/top-p/min-p (llama.cpp's); 0: off
+    mirostat_tau: float = 5.0  # its target surprise
+    mirostat_eta: float = 0.1  # its learning rate
 
     @property
     def penalized(self) -> bool:
@@ -274,6 +278,8 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), before the other samplers
+    typical_p: float = 1.0
+    mirostat: tuple[int, float, float] = (0, 5.0, 0.1)  # version (0: off), tau, eta
 
 
 @dataclass(frozen=True)

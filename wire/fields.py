@@ -76,8 +76,9 @@ def parse_json(raw: bytes, what: str = "the request body", allow_list: bool = Fa
 
 
 def check_fields(body: dict[str, Any], known: set[str], route: str) -> None:
-    """Refuse any field that is neither implemented nor harmless, by name."""
-    unknown = sorted(k for k in body if k not in known and k not in HARMLESS)
+    """Refuse any field that is neither implemented nor harmless, by name. A null is "not
+    set" and always accepted: clients send every optional field of their SDK, most null."""
+    unknown = sorted(k for k, v in body.items() if k not in known and k not in HARMLESS and v is not None)
     if unknown:
         names = ", ".join(f"'{k}'" for k in unknown[:5])
         raise APIError(f"{names} {'is' if len(unknown) == 1 else 'are'} not supported by tallow on {route}",
@@ -167,13 +168,21 @@ def sampling(body: dict, defaults: Sampling = TALLOW_SAMPLING) -> Sampling:
     seed = number(body, "seed", -(2**63), 2**64 - 1, None, integer=True)
     if seed is None:
         seed = d.seed
+    repeat = number(body, "repeat_penalty", 0.01, 10, None)
+    alias = number(body, "repetition_penalty", 0.01, 10, None)  # vLLM's and Hugging Face's name for it
+    if repeat is not None and alias is not None and repeat != alias:
+        raise APIError("'repeat_penalty' and 'repetition_penalty' are one setting: give one", param="repetition_penalty")
     return replace(
         d,
         temperature=number(body, "temperature", 0, 2, d.temperature),
         top_p=number(body, "top_p", 0, 1, d.top_p),
         top_k=number(body, "top_k", 0, 1_000_000, d.top_k, integer=True),
         min_p=number(body, "min_p", 0, 1, d.min_p),
-        repeat_penalty=number(body, "repeat_penalty", 0.01, 10, d.repeat_penalty),
+        typical_p=number(body, "typical_p", 0, 1, d.typical_p),
+        mirostat=number(body, "mirostat", 0, 2, d.mirostat, integer=True),
+        mirostat_tau=number(body, "mirostat_tau", 0, 100, d.mirostat_tau),
+        mirostat_eta=number(body, "mirostat_eta", 0, 1, d.mirostat_eta),
+        repeat_penalty=repeat if repeat is not None else alias if alias is not None else d.repeat_penalty,
         frequency_penalty=number(body, "frequency_penalty", -2, 2, d.frequency_penalty),
         presence_penalty=number(body, "presence_penalty", -2, 2, d.presence_penalty),
         seed=None if seed is None else seed & 0xFFFFFFFF,  # llama.cpp's seeds are 32-bit

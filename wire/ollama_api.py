@@ -38,7 +38,7 @@ CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "kee
 GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "images",
                    "options", "keep_alive", "think", "logprobs", "top_logprobs"}
 SAMPLING_OPTIONS = {"temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty",
-                    "frequency_penalty"}
+                    "frequency_penalty", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta"}
 OPTIONS = SAMPLING_OPTIONS | {"num_ctx", "num_predict", "stop", "repeat_last_n", "num_thread", "num_gpu"}
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}  # others pass as they are
 

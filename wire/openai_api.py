@@ -38,7 +38,10 @@ from tallow.wire.request import Limits, Parsed
 SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
                  "repeat_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
                  "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
-                 "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget"}
+                 "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget",
+                 # llama.cpp's and vLLM's names (wire/fields.sampling), and what they mean here (_common)
+                 "n_predict", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "repetition_penalty", "id_slot",
+                 "verbosity"}
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
@@ -51,6 +54,18 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     max_tokens = number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
     if max_tokens is None:
         max_tokens = number(body, "max_tokens", 1, 2**31, None, integer=True)
+    predict = number(body, "n_predict", -1, 2**31, None, integer=True)  # llama.cpp's: -1 is no limit of its own
+    if predict is not None and max_tokens is not None and predict not in (-1, max_tokens):
+        raise APIError("'n_predict' and 'max_tokens' are one setting: give one", param="n_predict")
+    if max_tokens is None and predict not in (None, -1, 0):
+        max_tokens = predict
+    if predict == 0:
+        raise APIError("'n_predict' must be -1 (up to the server's limit) or at least 1", param="n_predict")
+    number(body, "id_slot", -1, 2**31, None, integer=True)  # llama.cpp's slot choice: tallow's scheduler picks
+    # the slot whose cache holds the longest prefix of the prompt, which is what pinning one is for
+    if body.get("verbosity") not in (None, "medium"):
+        raise APIError("'verbosity' can only be 'medium': tallow does not shape an answer's length by it; "
+                       "use max_tokens or the prompt", param="verbosity")
     max_tokens = min(max_tokens or limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
     stream = flag(body, "stream")
     options = body.get("stream_options")

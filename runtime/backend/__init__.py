@@ -462,11 +462,18 @@ class Sampler:
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
                                                p.frequency_penalty, p.presence_penalty))
+        version, tau, eta = p.mirostat
         if p.temperature <= 0:
             add(C.llama_sampler_init_greedy())
+        elif version:  # llama.cpp's order: the temperature, then Mirostat draws (no top-k/p, min-p)
+            add(C.llama_sampler_init_temp(p.temperature))
+            add(C.llama_sampler_init_mirostat(model.n_vocab, p.seed & 0xFFFFFFFF, tau, eta, 100) if version == 1
+                else C.llama_sampler_init_mirostat_v2(p.seed & 0xFFFFFFFF, tau, eta))
         else:
             if p.top_k > 0:
                 add(C.llama_sampler_init_top_k(p.top_k))
+            if p.typical_p < 1.0:
+                add(C.llama_sampler_init_typical(p.typical_p, 1))
             if p.top_p < 1.0:
                 add(C.llama_sampler_init_top_p(p.top_p, 1))
             if p.min_p > 0:
