@@ -97,7 +97,7 @@ def test_format_schema_and_json(server):
 
 def test_refusals_name_the_field(server):
     c = client(server)
-    cases = [({"options": {"mirostat": 2}}, "mirostat"), ({"options": {"num_ctx": 10**6}}, "num_ctx"),
+    cases = [({"options": {"tfs_z": 2}}, "tfs_z"), ({"options": {"num_ctx": 10**6}}, "num_ctx"),
              ({"options": {"num_thread": 977}}, "num_thread"), ({"think": "extreme"}, "think"),
              ({"keep_alive": "soon"}, "keep_alive"), ({"frobnicate": 1}, "frobnicate")]
     for extra, word in cases:
