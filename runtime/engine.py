@@ -429,8 +429,8 @@ class Engine:
         its usage names what drafts."""
         request = run.request
         if request.draft == "lookup":
-            run.usage.draft = "lookup"
-            return LookupDrafter(text_only(request.prompt_tokens))
+            run.usage.draft = "prediction" if request.prediction else "lookup"
+            return LookupDrafter(text_only(request.prompt_tokens), request.prediction)
         if request.draft == "model" and self.drafts is not None:
             run.usage.draft = self.drafts.name
             return self.drafts.drafter(seq_id, text_only(request.prompt_tokens))

@@ -34,13 +34,16 @@ class NgramIndex:
         toks.append(token)
 
     def propose(self, limit: int) -> list[int]:
-        toks = self.tokens
+        return self.continuation(self.tokens, limit)
+
+    def continuation(self, context: list[int], limit: int) -> list[int]:
+        """What followed, in this index's tokens, the longest n-gram that ends `context`."""
         for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
-            if len(toks) < n:
+            if len(context) < n:
                 continue
-            start = self.maps[n].get(tuple(toks[-n:]))
+            start = self.maps[n].get(tuple(context[-n:]))
             if start is not None:
-                return toks[start:start + limit]
+                return self.tokens[start:start + limit]
         return []
 
 
@@ -49,8 +52,11 @@ class LookupDrafter:
     tokens. On a CPU a batch of k tokens costs much more than one, so the draft length
     adapts: it doubles while every guess holds and halves after a miss."""
 
-    def __init__(self, prompt: list[int]) -> None:
+    def __init__(self, prompt: list[int], prediction: tuple[int, ...] | list[int] = ()) -> None:
         self.index = NgramIndex(prompt)
+        # A predicted answer is where drafts come from instead: it follows the prompt's last
+        # tokens, so its own index starts with them and drafts from its first token on.
+        self.reference = NgramIndex([*prompt[-MAX_NGRAM:], *prediction]) if prediction else None
         self.limit = START_DRAFT
 
     def extend(self, tokens) -> None:
@@ -58,7 +64,12 @@ class LookupDrafter:
             self.index.append(t)
 
     def propose(self, room: int) -> list[int]:
-        return self.index.propose(min(self.limit, room)) if room > 0 else []
+        if room <= 0:
+            return []
+        limit = min(self.limit, room)
+        if self.reference is not None:  # drafts from the prediction alone, so usage counts what it gave
+            return self.reference.continuation(self.index.tokens, limit)
+        return self.index.propose(limit)
 
     def outcome(self, accepted: int, proposed: int) -> None:
         if accepted < proposed:

@@ -118,6 +118,7 @@ class Request:
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
     save_prompt: bool = True  # False: look saved prefixes up but never save this one (a chat keeps its own cache)
     draft: str | None = None  # "lookup": drafts found in the prompt and output; "model": the loaded draft model's
+    prediction: tuple[int, ...] = ()  # the answer the client expects (OpenAI's Predicted Outputs): lookup drafts from it
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one

@@ -41,7 +41,7 @@ SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", 
                  "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget",
                  # llama.cpp's and vLLM's names (wire/fields.sampling), and what they mean here (_common)
                  "n_predict", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "repetition_penalty", "id_slot",
-                 "verbosity"}
+                 "verbosity", "prediction"}
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
@@ -79,7 +79,10 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
         raise APIError("'cache_prompt' can only be true: tallow always reuses the cached prefix of a prompt",
                        param="cache_prompt")
     draft = draft_field(body)
-    return {"draft": draft, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
+    prediction = _prediction(body.get("prediction"))
+    if prediction is not None and draft not in (None, "lookup"):
+        raise APIError("'prediction' drafts from the predicted text: it cannot go with a draft model", param="prediction")
+    return {"draft": "lookup" if prediction is not None else draft, "prediction": prediction, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
             "n": number(body, "n", 1, MOST_CHOICES, 1, integer=True),
             "stop": stops(body.get("stop"), default=limits.stop), "sampling": sampling(body, limits.sampling), "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
@@ -87,6 +90,15 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
             "logit_bias": logit_bias(body.get("logit_bias"), limits.n_vocab),
             "lora": lora_scales(body.get("lora"), limits.n_adapters),
             "reasoning_budget": reasoning_budget(body, limits.reasoning_budget)}
+
+
+def _prediction(value) -> str | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "content" or set(value) - {"type", "content"}:
+        raise APIError("'prediction' must be {\"type\": \"content\", \"content\": ...}", param="prediction")
+    return joined_text(value.get("content"), "prediction.content", "prediction")
 
 
 def _grammar(body: dict, json_format: bool) -> str | None:
@@ -216,6 +228,8 @@ def to_request(engine, parsed: Parsed) -> Request:
     except TallowError as exc:
         raise APIError(exc.message, param="response_format") from exc
     kwargs = {**parsed.request_kwargs(), "draft": _draft_method(engine, parsed.draft)}
+    if parsed.prediction:
+        kwargs["prediction"] = tuple(engine.model.tokenize(parsed.prediction, add_special=False, parse_special=False))
     if parsed.messages is not None:
         head = 0
         while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
@@ -265,6 +279,9 @@ def usage(final: FinalEvent) -> dict[str, Any]:
            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
     if u.reasoning_tokens:
         out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    if u.draft == "prediction":  # OpenAI's counts of the predicted tokens the answer took and did not
+        out.setdefault("completion_tokens_details", {}).update(
+            accepted_prediction_tokens=u.accepted_tokens, rejected_prediction_tokens=u.draft_tokens - u.accepted_tokens)
     # tallow's extensions: the prompt tokens images stand for, where the cached tokens came
     # from, and what drafting achieved
     if u.media_tokens:

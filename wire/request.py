@@ -63,6 +63,7 @@ class Parsed:
     n: int = 1  # OpenAI's n: answers from one prompt (the runner forks the sequence after prefill)
     lora: tuple[float, ...] | None = None  # llama-server's `lora`: each adapter's scale by id (None: the defaults)
     reasoning_budget: int | None = None  # tokens the reasoning may take (runtime/sequence.py); None: no cap
+    prediction: str | None = None  # OpenAI's Predicted Outputs: the text the answer is expected to be close to
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
