@@ -34,7 +34,7 @@ from tallow.runtime.protocol import Events
 from tallow.runtime.sampling import make_sampler
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.speculative import LookupDrafter
-from tallow.runtime.template import framed
+from tallow.runtime.template import continued, framed
 from tallow.runtime.text import opens_reasoning, reasoning_markers
 from tallow.runtime.threads import Governor, Registry, physical_cores, thread_rule
 from tallow.runtime.types import LoadSettings, Request, Timings, TokenEvent
@@ -175,18 +175,23 @@ class Engine:
         (or when the model has none). `tools` go to the template as Hugging Face passes them."""
         return self._prompt(messages, raw, tools)[0]
 
-    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None, thinking: bool | None = None):
+    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None, thinking: bool | None = None,
+                generation: str = "new"):
         """The prompt's tokens and its media spans (runtime/multimodal.py). A message's images
         are in its "media" list, each at a media marker in its content. `thinking`: the
-        template's `enable_thinking` switch, when a reasoning budget of 0 sets it."""
+        template's `enable_thinking` switch, when a reasoning budget of 0 sets it.
+        `generation`: "new" (a new assistant turn), "continue" (the last message, an
+        assistant's, goes on: a prefill) or "none" (the conversation as it is)."""
         template = None if raw else self.chat_template()
         media = [m for msg in messages for m in msg.get("media") or ()]
         if template is None:
             text = "\n\n".join(m["content"] for m in messages)
             if not media:
                 return self.model.tokenize(text, add_special=True, parse_special=False), ()
+        elif generation == "continue":
+            text = continued(template, messages, tools, thinking)
         else:
-            text = template.render(messages, add_generation_prompt=True, tools=tools, thinking=thinking)
+            text = template.render(messages, add_generation_prompt=generation == "new", tools=tools, thinking=thinking)
         if media:
             return media_prompt(self.projector, self.model, self.path.name, text, media)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
@@ -232,7 +237,8 @@ class Engine:
 
             cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
         switch = kw.get("reasoning_budget") == 0 and template is not None and "enable_thinking" in template.source
-        tokens, spans = self._prompt(messages, raw, template_tools, False if switch else None)
+        tokens, spans = self._prompt(messages, raw, template_tools, False if switch else None,
+                                     kw.pop("generation", "new"))
         inside = False
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")

@@ -161,6 +161,21 @@ class ChatTemplate:
         return "".join(parts)
 
 
+def continued(template: ChatTemplate, messages: list[dict[str, Any]], tools=None, thinking: bool | None = None) -> str:
+    """The conversation rendered so that the model continues its last message, an assistant
+    prefill: without a generation prompt, cut where that message's text ends (its end of
+    turn and whatever follows dropped). A template that does not show the text as given
+    (it rewrites or drops it) cannot be continued, and says so rather than start a new turn."""
+    text = template.render(messages, add_generation_prompt=False, tools=tools, thinking=thinking)
+    content = messages[-1].get("content") or ""
+    for probe in (content, content.rstrip()):
+        at = text.rfind(probe) if probe else -1
+        if at >= 0:
+            return text[:at + len(probe)]
+    raise TemplateError("this model's chat template cannot continue an assistant message: it does not show the "
+                        "message's text as given", "end the conversation with a user message instead")
+
+
 def framed(messages: list[dict[str, Any]], persona) -> list[dict[str, Any]]:
     """The conversation with a created model's persona (runtime.types.Persona) around it: its
     system prompt first unless the conversation brings its own (which replaces it), then its

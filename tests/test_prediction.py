@@ -7,7 +7,6 @@ from __future__ import annotations
 import openai
 import pytest
 
-
 pytestmark = pytest.mark.default_model  # a real model's answers tokenize back to the tokens it chose
 
 

@@ -27,7 +27,7 @@ from tallow.wire.fields import (
     tool_list,
 )
 from tallow.wire.media_parts import Fetch, anthropic_block
-from tallow.wire.request import Limits, Parsed
+from tallow.wire.request import Limits, Parsed, generation
 
 FIELDS = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
           "tools", "tool_choice", "thinking", "draft", "seed"}
@@ -136,7 +136,8 @@ def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     tools = tool_list(body["tools"], "tools", "anthropic") if body.get("tools") is not None else ()
     choice = tool_choice(tools, body.get("tool_choice"), True, limits.tool_format, "anthropic")
     draft = draft_field(body)
-    return Parsed(messages=messages_of(body, limits.fetch), prompt=None, max_tokens=min(requested, limits.max_tokens),
+    messages = messages_of(body, limits.fetch)
+    return Parsed(messages=messages, prompt=None, max_tokens=min(requested, limits.max_tokens), generation=generation(messages),
                   stop=stops(body.get("stop_sequences"), "stop_sequences", 16, limits.stop), sampling=sampling(body, limits.sampling),
                   stream=flag(body, "stream"), include_usage=True, logprobs=None, json_format=False, schema=None,
                   draft=draft, tools=choice, extra={"thinking": thinking}, reasoning_budget=budget)

@@ -31,7 +31,7 @@ from tallow.wire.fields import (
     tool_list,
 )
 from tallow.wire.media_parts import ollama_images
-from tallow.wire.request import Limits, Parsed
+from tallow.wire.request import Limits, Parsed, generation
 
 CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
                "top_logprobs"}
@@ -161,7 +161,8 @@ def parse_chat(body: dict, limits: Limits, loaded: Loaded) -> Parsed:
     tools = tool_list(body["tools"], "tools", "chat") if body.get("tools") else ()
     choice = tool_choice(tools, None, True, limits.tool_format, "chat")
     think, budget = _think(body, limits.reasoning_budget)
-    return Parsed(messages=_messages(body.get("messages")), prompt=None, tools=choice,
+    messages = _messages(body.get("messages"))
+    return Parsed(messages=messages, prompt=None, tools=choice, generation=generation(messages),
                   extra={"ollama": "chat", "think": think}, reasoning_budget=budget, **common)
 
 

@@ -64,8 +64,33 @@ class Parsed:
     lora: tuple[float, ...] | None = None  # llama-server's `lora`: each adapter's scale by id (None: the defaults)
     reasoning_budget: int | None = None  # tokens the reasoning may take (runtime/sequence.py); None: no cap
     prediction: str | None = None  # OpenAI's Predicted Outputs: the text the answer is expected to be close to
+    generation: str = "new"  # "continue": the last (assistant) message is a prefill; "none": no generation prompt
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
                 "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
-                "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget}
+                "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget,
+                **({"generation": self.generation} if self.messages is not None else {})}
+
+
+def generation(messages: list[dict[str, Any]], continue_final: Any = None, add_prompt: Any = None) -> str:
+    """How a chat's prompt ends. A conversation that ends with an assistant message (with
+    text, not tool calls) continues it, as llama.cpp's server, Ollama and Anthropic do;
+    vLLM's flags say it outright: `continue_final_message` (true needs that last message)
+    and `add_generation_prompt` (false alone: the conversation as it is; true: a new turn)."""
+    from tallow.wire.fields import APIError
+
+    for name, value in (("continue_final_message", continue_final), ("add_generation_prompt", add_prompt)):
+        if value is not None and not isinstance(value, bool):
+            raise APIError(f"'{name}' must be true or false", param=name)
+    last = messages[-1] if messages else {}
+    prefill = last.get("role") == "assistant" and bool(last.get("content")) and not last.get("tool_calls")
+    if continue_final and add_prompt:
+        raise APIError("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                       param="continue_final_message")
+    if continue_final and not prefill:
+        raise APIError("'continue_final_message' needs the last message to be the assistant's, with text",
+                       param="continue_final_message")
+    if prefill and continue_final is not False and add_prompt is not True:
+        return "continue"
+    return "none" if add_prompt is False else "new"
