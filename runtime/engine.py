@@ -175,11 +175,11 @@ class Engine:
         (or when the model has none). `tools` go to the template as Hugging Face passes them."""
         return self._prompt(messages, raw, tools)[0]
 
-    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None, thinking: bool | None = None,
-                generation: str = "new"):
+    def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None,
+                variables: dict[str, Any] | None = None, generation: str = "new"):
         """The prompt's tokens and its media spans (runtime/multimodal.py). A message's images
-        are in its "media" list, each at a media marker in its content. `thinking`: the
-        template's `enable_thinking` switch, when a reasoning budget of 0 sets it.
+        are in its "media" list, each at a media marker in its content. `variables`: more
+        names for the template (a request's chat_template_kwargs, enable_thinking).
         `generation`: "new" (a new assistant turn), "continue" (the last message, an
         assistant's, goes on: a prefill) or "none" (the conversation as it is)."""
         template = None if raw else self.chat_template()
@@ -189,9 +189,9 @@ class Engine:
             if not media:
                 return self.model.tokenize(text, add_special=True, parse_special=False), ()
         elif generation == "continue":
-            text = continued(template, messages, tools, thinking)
+            text = continued(template, messages, tools, variables)
         else:
-            text = template.render(messages, add_generation_prompt=generation == "new", tools=tools, thinking=thinking)
+            text = template.render(messages, add_generation_prompt=generation == "new", tools=tools, variables=variables)
         if media:
             return media_prompt(self.projector, self.model, self.path.name, text, media)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
@@ -236,9 +236,10 @@ class Engine:
             from tallow.runtime.tools.choice import prepare
 
             cache_prefixes = [prepare(p, tools, template.source if template else None)[0] for p in cache_prefixes]
-        switch = kw.get("reasoning_budget") == 0 and template is not None and "enable_thinking" in template.source
-        tokens, spans = self._prompt(messages, raw, template_tools, False if switch else None,
-                                     kw.pop("generation", "new"))
+        variables = dict(kw.pop("template_kwargs", None) or {})
+        if kw.get("reasoning_budget") == 0 and template is not None and "enable_thinking" in template.source:
+            variables["enable_thinking"] = False  # Qwen3's and others' switch: no reasoning at all
+        tokens, spans = self._prompt(messages, raw, template_tools, variables, kw.pop("generation", "new"))
         inside = False
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")

@@ -129,7 +129,9 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None, thinking: bool | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, variables: dict[str, Any] | None = None) -> str:
+        """The conversation as the model's prompt text. `variables`: more names the template
+        may read, as apply_chat_template's keyword arguments (enable_thinking, ...)."""
         from jinja2 import TemplateError as JinjaError
         from jinja2.sandbox import SecurityError
 
@@ -138,9 +140,9 @@ class ChatTemplate:
         parts: list[str] = []
         size = 0
         try:
-            extra: dict[str, Any] = {"tools": tools} if tools is not None else {}  # as Hugging Face's apply_chat_template
-            if thinking is not None:  # Qwen3's and others' switch, as apply_chat_template(enable_thinking=...)
-                extra["enable_thinking"] = thinking
+            extra: dict[str, Any] = {**(variables or {})}  # as Hugging Face's apply_chat_template(**kwargs)
+            if tools is not None:
+                extra["tools"] = tools
             for chunk in self._template.generate(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
@@ -161,12 +163,13 @@ class ChatTemplate:
         return "".join(parts)
 
 
-def continued(template: ChatTemplate, messages: list[dict[str, Any]], tools=None, thinking: bool | None = None) -> str:
+def continued(template: ChatTemplate, messages: list[dict[str, Any]], tools=None,
+              variables: dict[str, Any] | None = None) -> str:
     """The conversation rendered so that the model continues its last message, an assistant
     prefill: without a generation prompt, cut where that message's text ends (its end of
     turn and whatever follows dropped). A template that does not show the text as given
     (it rewrites or drops it) cannot be continued, and says so rather than start a new turn."""
-    text = template.render(messages, add_generation_prompt=False, tools=tools, thinking=thinking)
+    text = template.render(messages, add_generation_prompt=False, tools=tools, variables=variables)
     content = messages[-1].get("content") or ""
     for probe in (content, content.rstrip()):
         at = text.rfind(probe) if probe else -1

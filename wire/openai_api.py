@@ -33,7 +33,7 @@ from tallow.wire.fields import (
     tool_list,
 )
 from tallow.wire.media_parts import Fetch, openai_part, reader
-from tallow.wire.request import Limits, Parsed, generation
+from tallow.wire.request import Limits, Parsed, generation, template_kwargs
 
 SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
                  "repeat_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
@@ -43,7 +43,7 @@ SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", 
                  "n_predict", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "repetition_penalty", "id_slot",
                  "verbosity", "prediction"}
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                               "continue_final_message", "add_generation_prompt"}
+                               "continue_final_message", "add_generation_prompt", "chat_template_kwargs"}
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
 
@@ -198,7 +198,8 @@ def parse_chat(body: dict, limits: Limits) -> Parsed:
         raise APIError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
     choice = tool_choice(tools, body.get("tool_choice"), parallel, limits.tool_format, "chat")
     return Parsed(messages=clean, prompt=None, logprobs=logprobs, tools=choice, **_common(body, limits),
-                  generation=generation(clean, body.get("continue_final_message"), body.get("add_generation_prompt")))
+                  generation=generation(clean, body.get("continue_final_message"), body.get("add_generation_prompt")),
+                  template_kwargs=template_kwargs(body.get("chat_template_kwargs")))
 
 
 def parse_completion(body: dict, limits: Limits) -> Parsed:

@@ -65,12 +65,14 @@ class Parsed:
     reasoning_budget: int | None = None  # tokens the reasoning may take (runtime/sequence.py); None: no cap
     prediction: str | None = None  # OpenAI's Predicted Outputs: the text the answer is expected to be close to
     generation: str = "new"  # "continue": the last (assistant) message is a prefill; "none": no generation prompt
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs: more names the chat template reads
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
                 "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
                 "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget,
-                **({"generation": self.generation} if self.messages is not None else {})}
+                **({"generation": self.generation, "template_kwargs": self.template_kwargs}
+                   if self.messages is not None else {})}
 
 
 def generation(messages: list[dict[str, Any]], continue_final: Any = None, add_prompt: Any = None) -> str:
@@ -94,3 +96,22 @@ def generation(messages: list[dict[str, Any]], continue_final: Any = None, add_p
     if prefill and continue_final is not False and add_prompt is not True:
         return "continue"
     return "none" if add_prompt is False else "new"
+
+
+RESERVED = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+
+
+def template_kwargs(value: Any) -> dict[str, Any] | None:
+    """chat_template_kwargs (vLLM's, llama.cpp's): names the chat template may read, such as
+    enable_thinking; not the ones tallow itself gives the template."""
+    from tallow.wire.fields import APIError
+
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise APIError("'chat_template_kwargs' must be an object of names to values", param="chat_template_kwargs")
+    taken = sorted(RESERVED & set(value))
+    if taken:
+        raise APIError(f"'chat_template_kwargs' cannot set {taken[0]!r}: tallow gives the template that itself",
+                       param="chat_template_kwargs")
+    return value
