@@ -272,3 +272,35 @@ def test_run_tools_prints_calls_and_batch_records_carry_them(loop_model, tmp_pat
     assert records[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert "frobnicate" in records[2]["error"]  # the same validation as the server's
     assert r.returncode == 1
+
+
+def test_legacy_functions_are_answered_in_their_own_shape(server):
+    """Older SDKs send `functions` and expect `function_call` back, and send the result as a
+    message of role `function`."""
+    c = server.client()
+    functions = [t["function"] for t in CHAT_TOOLS]
+    r = c.chat.completions.create(model="agent.gguf", messages=USER, functions=functions, temperature=0)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "function_call" and msg.tool_calls is None
+    assert (msg.function_call.name, json.loads(msg.function_call.arguments)) == ("get_weather", {"city": "Paris"})
+    named = c.chat.completions.create(model="agent.gguf", messages=USER, functions=functions, temperature=0,
+                                      function_call={"name": "get_time"})
+    assert named.choices[0].message.function_call.name == "get_time"
+    pieces, finish = {}, None
+    for chunk in c.chat.completions.create(model="agent.gguf", messages=USER, functions=functions, temperature=0,
+                                           stream=True):
+        for ch in chunk.choices:
+            if ch.delta.function_call is not None:
+                for key in ("name", "arguments"):
+                    pieces[key] = pieces.get(key, "") + (getattr(ch.delta.function_call, key) or "")
+            finish = ch.finish_reason or finish
+    assert finish == "function_call" and pieces["name"] == "get_weather"
+    assert json.loads(pieces["arguments"]) == {"city": "Paris"}
+    # the result as a `function` message: the loop's model answers "OK" after a tool result
+    history = [*USER, {"role": "assistant", "content": None, "function_call": {"name": "get_weather",
+                                                                               "arguments": '{"city": "Paris"}'}},
+               {"role": "function", "name": "get_weather", "content": "Sunny, 21 C"}]
+    done = c.chat.completions.create(model="agent.gguf", messages=history, functions=functions, temperature=0)
+    assert done.choices[0].message.content == "OK" and done.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError, match="functions"):
+        c.chat.completions.create(model="agent.gguf", messages=USER, functions=functions, tools=CHAT_TOOLS)

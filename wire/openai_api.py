@@ -32,6 +32,8 @@ from tallow.wire.fields import (
     tool_choice,
     tool_list,
 )
+from tallow.wire.legacy_functions import delta as legacy_delta
+from tallow.wire.legacy_functions import modernize, whole_message
 from tallow.wire.media_parts import Fetch, openai_part, reader
 from tallow.wire.request import Limits, Parsed, generation, template_kwargs
 
@@ -185,6 +187,7 @@ def chat_messages(messages: Any, fetch: Fetch | None = None) -> list[dict[str, A
 
 
 def parse_chat(body: dict, limits: Limits) -> Parsed:
+    body, legacy = modernize(body)
     check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     clean = chat_messages(body.get("messages"), limits.fetch)
     logprobs = None
@@ -198,6 +201,7 @@ def parse_chat(body: dict, limits: Limits) -> Parsed:
         raise APIError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
     choice = tool_choice(tools, body.get("tool_choice"), parallel, limits.tool_format, "chat")
     return Parsed(messages=clean, prompt=None, logprobs=logprobs, tools=choice, **_common(body, limits),
+                  extra={"legacy_functions": True} if legacy else {},
                   generation=generation(clean, body.get("continue_final_message"), body.get("add_generation_prompt")),
                   template_kwargs=template_kwargs(body.get("chat_template_kwargs")))
 
@@ -310,6 +314,7 @@ class Shaper:
         self.logprobs = parsed.logprobs is not None
         self.entries: list[dict[str, Any]] = []
         self.index = 0  # the choice this shaper writes (n > 1: one shaper per choice, one id)
+        self.legacy = bool(parsed.extra.get("legacy_functions"))  # answered as `function_call`
 
     def _base(self, obj: str) -> dict[str, Any]:
         out = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -343,8 +348,11 @@ class Shaper:
             if outcome.calls:
                 message["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
                                          for cid, name, args in outcome.calls]
+            finish = outcome.finish_reason
+            if self.legacy:
+                message, finish = whole_message(message, finish)
             choice = {"index": self.index, "message": message, "logprobs": self._logprobs_of(self.entries),
-                      "finish_reason": outcome.finish_reason}
+                      "finish_reason": finish}
             if outcome.error:
                 choice["tool_call_error"] = outcome.error  # tallow's extension
             out = self._base("chat.completion")
@@ -366,7 +374,9 @@ class Shaper:
             if reasoning:
                 delta["reasoning_content"] = reasoning
             if calls:
-                delta["tool_calls"] = calls
+                delta["function_call" if self.legacy else "tool_calls"] = legacy_delta(calls) if self.legacy else calls
+            if self.legacy and finish == "tool_calls":
+                finish = "function_call"
             choice = {"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             if error:
                 choice["tool_call_error"] = error
