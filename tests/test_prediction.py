@@ -1,6 +1,7 @@
 """OpenAI's Predicted Outputs on tallow serve: the predicted text is the lookup drafter's
 first source, so an answer close to it is verified in batches; the answer itself is the one
-plain decoding gives, and usage says how many predicted tokens were taken."""
+plain decoding gives, and usage says how many predicted tokens were taken. And `echo` on
+text completions, the other field of OpenAI's that changes what comes back around an answer."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ def test_a_bad_prediction_is_refused_by_name(client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(**ASK, prediction={"type": "content", "content": "x"},
                                        extra_body={"draft": "some-draft-model"})
+
+
+def test_echo_writes_the_prompt_before_the_completion(client):
+    ask = {"model": "tallow", "prompt": "The three primary colours are", "max_tokens": 8, "temperature": 0}
+    plain = client.completions.create(**ask).choices[0].text
+    echoed = client.completions.create(**ask, echo=True).choices[0].text
+    assert echoed == ask["prompt"] + plain
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**ask, echo=True, stream=True) if c.choices)
+    assert streamed == echoed
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        client.completions.create(**ask, echo=True, logprobs=2)

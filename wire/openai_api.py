@@ -214,12 +214,15 @@ def parse_completion(body: dict, limits: Limits) -> Parsed:
     tokens = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     if not (isinstance(prompt, str) or tokens) or not prompt:
         raise APIError("'prompt' must be a non-empty string, or a list of token ids", param="prompt")
-    if flag(body, "echo"):
-        raise APIError("'echo' is not supported", param="echo")
     if body.get("suffix") is not None:
         raise APIError("'suffix' is not supported", param="suffix")
     logprobs = number(body, "logprobs", 0, 20, None, integer=True)
-    return Parsed(messages=None, prompt=prompt, logprobs=logprobs, **_common(body, limits))
+    echo = flag(body, "echo")
+    if echo and logprobs is not None:
+        raise APIError("'echo' with 'logprobs' would need the prompt's log-probabilities, which tallow does not "
+                       "compute: leave one out", param="echo")
+    return Parsed(messages=None, prompt=prompt, logprobs=logprobs, **_common(body, limits),
+                  extra={"echo": True} if echo else {})
 
 
 def to_request(engine, parsed: Parsed) -> Request:
@@ -315,6 +318,11 @@ class Shaper:
         self.entries: list[dict[str, Any]] = []
         self.index = 0  # the choice this shaper writes (n > 1: one shaper per choice, one id)
         self.legacy = bool(parsed.extra.get("legacy_functions"))  # answered as `function_call`
+        self.echo = ""  # `echo`: the prompt, written before the answer
+        if parsed.extra.get("echo"):
+            prompt = parsed.prompt
+            self.echo = prompt if isinstance(prompt, str) else \
+                b"".join(piece(t) for t in prompt or ()).decode("utf-8", "replace")
 
     def _base(self, obj: str) -> dict[str, Any]:
         out = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -357,7 +365,7 @@ class Shaper:
                 choice["tool_call_error"] = outcome.error  # tallow's extension
             out = self._base("chat.completion")
         else:
-            choice = {"index": self.index, "text": final.text, "logprobs": self._logprobs_of(self.entries),
+            choice = {"index": self.index, "text": self.echo + final.text, "logprobs": self._logprobs_of(self.entries),
                       "finish_reason": final.finish_reason}
             out = self._base("text_completion")
         out.update(choices=[choice], usage=usage(final), timings=final.timings.summary())

@@ -30,6 +30,8 @@ class ChatAdapter:
         self.answer = Answer(parsed.tools)
 
     def opening(self, prompt_tokens: int) -> list[str]:
+        if self.shaper.echo:  # a text completion's `echo`: the prompt first
+            return [_data(self.shaper.chunk(self.shaper.echo))]
         return [_data(self.shaper.chunk(first=True))] if self.shaper.chat else []
 
     def tokens(self, ev: TokenEvent) -> list[str]:
