@@ -24,19 +24,15 @@ from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.runtime.adapters import Turns
-from tallow.runtime.admission import FairQueue, prefill_order
-from tallow.runtime.draft_model import propose_all
+from tallow.runtime.admission import FairQueue
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
 from tallow.runtime.handle import Event, Failure, Handle, QueueFull
-from tallow.runtime.media_prefill import MediaPrefill, next_span, span_at
+from tallow.runtime.media_prefill import MediaPrefill
 from tallow.runtime.sched_stats import Stats
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
+from tallow.runtime.step_calls import plan_calls
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings
-
-# Deterministic prefill chunks stay under llama.cpp's CPU flash-attention query tile (64
-# rows), past which a tiled kernel with its own summation order takes over.
-DET_CHUNK = 63
 
 
 def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:
@@ -87,17 +83,6 @@ class _Slot:
     def kv(self) -> list[int]:
         """The tokens whose cells this sequence holds, in position order."""
         return self.sequence.kv
-
-
-def by_sequence(entries: list[tuple[int, int, int, bool]], wants: list[tuple[int, _Job]]):
-    """A call's rows grouped by sequence id in ascending order, each sequence's rows in their
-    own order, and the rows to sample renumbered to match. With a KV stream per sequence
-    llama.cpp splits a batch into runs of consecutive sequence ids, so rows in admission order
-    (a new prompt's after the decoding ones) cost a micro-batch per run: 8 rows decoded
-    shuffled took 82 ms, sorted 63 ms, on the default model."""
-    order = sorted(range(len(entries)), key=lambda i: entries[i][2])
-    where = {old: new for new, old in enumerate(order)}
-    return [entries[i] for i in order], [(where[row], job) for row, job in wants]
 
 
 class Scheduler:
@@ -287,93 +272,12 @@ class Scheduler:
                 job.run.finish = "time_limit"
                 self._finish(job)
 
-    def _drafts(self, decoding: list[_Job], spare: int) -> dict[int, list[int]]:
-        """This step's drafts, by job (runtime/draft_model.propose_all)."""
-        jobs = [job for job in decoding if job.drafter is not None]
-        rooms = [(job.drafter, min(job.limit - len(job.held.kv) - 1, spare)) for job in jobs]
-        # deterministic mode: a sequence's drafts (hence its rows) never depend on how many others decode
-        busy = 1 if self.settings.deterministic else len(decoding)
-        return {id(job): d for job, d in zip(jobs, propose_all(rooms, self.engine.drafts, busy))}
-
-    def _calls(self, active: list[_Job]) -> list[tuple[list[tuple[int, int, int, bool]], list[tuple[int, _Job]]]]:
-        """This step's llama_decode calls for `active` (one adapter set's jobs): (entries,
-        [(row, job) to sample])."""
-        det = self.settings.deterministic
-        decode: list[tuple[int, int, int, bool]] = []
-        wants: list[tuple[int, _Job]] = []
-        decoding = sorted((j for j in active if j.next_token is not None), key=lambda j: j.held.seq)
-        seqs = {j.held.seq for j in decoding}
-        spare = max(0, (self.n_batch - 2 * len(decoding)) // max(1, len(decoding)))  # draft room each
-        drafts = self._drafts(decoding, spare)
-        for job in decoding:
-            slot = job.held
-            job.draft = drafts.get(id(job), [])
-            # With a KV stream per sequence, llama.cpp splits a batch into runs of consecutive
-            # sequence ids; a sequence alone in its run brings two tokens (see _pair).
-            if det and not job.draft and slot.seq - 1 not in seqs and slot.seq + 1 not in seqs:
-                self._pair(slot, decode)
-            wants.append((len(decode), job))
-            assert job.next_token is not None  # sorted into `decoding` for having one
-            for token in (job.next_token, *job.draft):  # a draft's rows follow the token's
-                decode.append((token, slot.sequence.next_pos, slot.seq, True))
-                slot.kv.append(token)
-            job.next_token = None
-        separate = []  # deterministic prefill chunks, each a call of its own
-        budget = self.n_batch - len(decode)
-        waiting = list(active) if det else prefill_order(active)  # det: the chunks' own rule (DET_CHUNK)
-        for i, job in enumerate(waiting):
-            prompt, slot = job.request.prompt_tokens, job.held
-            start = len(slot.kv)
-            if job.run.t_decode_start is not None or start >= len(prompt):
-                continue
-            if (span := span_at(job.request.media, start)) is not None:
-                if not self._media_ready(job, span):
-                    continue  # encoding on the worker; the others go on
-                start = len(slot.kv)
-            if budget < (2 if det else 1):
-                break
-            chunk: list[tuple[int, int, int, bool]] = []
-            if det and len(prompt) - start == 1 and start > 0:
-                self._pair(slot, chunk)
-            room = budget - len(chunk)
-            # deterministic: below flash attention's tiled kernel, which rounds differently; else a fair share
-            room = min(room, DET_CHUNK) if det else max(1, room // (len(waiting) - i))
-            n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]),  # stop at a cache point
-                    *(p - start for p in [next_span(job.request.media, start)] if p is not None))  # and at media
-            base = slot.sequence.pos(start) - start
-            for i in range(start, start + n):
-                # deterministic mode asks for two output rows: see _pair
-                chunk.append((prompt[i], base + i, slot.seq, i == len(prompt) - 1 or (det and i == len(prompt) - 2)))
-            slot.kv.extend(prompt[start:start + n])
-            budget -= len(chunk)
-            done = start + n == len(prompt)
-            if det:  # alone in its call, llama.cpp cannot split it into a one-token micro-batch
-                separate.append((chunk, [(len(chunk) - 1, job)] if done else []))
-            else:  # with everything else, in the one call of this step
-                if done:
-                    wants.append((len(decode) + len(chunk) - 1, job))
-                decode.extend(chunk)
-        return ([by_sequence(decode, wants)] if decode else []) + separate
-
-    def _media_ready(self, job: _Job, span) -> bool:
+    def media_ready(self, job: _Job, span) -> bool:
         try:
             return self.media.evaluate(job, span)
         except TallowError as e:
             self._fail(job, e)
             return False
-
-    def _pair(self, slot: _Slot, entries: list) -> None:
-        """Re-evaluate the sequence's last token alongside the next one, both with logits, so
-        that no matrix product ever has a single row: llama.cpp multiplies one row with a
-        different kernel (ggml's vec_dot) than several (llamafile's sgemm), the two round
-        differently, and the last layer and the output matrix run on the output rows only.
-        The re-evaluated cell gets the very values it had."""
-        p = len(slot.kv) - 1
-        if slot.kv[p] < 0:  # a media cell cannot be evaluated as a token: no pair
-            return
-        at = slot.sequence.pos(p)
-        self.engine.ctx.seq_rm(slot.seq, at, -1)
-        entries.append((slot.kv[p], at, slot.seq, True))  # slot.kv already lists it
 
     def _step(self) -> None:
         ctx = self.engine.ctx
@@ -381,7 +285,7 @@ class Scheduler:
         step_began = time.perf_counter()
         lora, group = self._turns.next(self._active)  # llama.cpp's adapters are per context
         self.engine.adapters.apply(lora)
-        calls = self._calls(group)
+        calls = plan_calls(self, group)
         if not calls and self.media.busy():
             self.media.wait(0.05)  # nothing to step but an encode: wait for it, not spin
         decoded: float | None = None
