@@ -40,7 +40,7 @@ USER = [{"role": "user", "content": "hello"}]
 
 
 def test_unknown_fields_are_refused_by_name_on_every_route(server):
-    for path, body in [("/v1/chat/completions", {"messages": USER, "functions": []}),
+    for path, body in [("/v1/chat/completions", {"messages": USER, "web_search_options": {}}),
                        ("/v1/completions", {"prompt": "hi", "best_of": 2}),
                        ("/v1/responses", {"input": "hi", "conversation": "c1"}),
                        ("/v1/messages", {"messages": USER, "max_tokens": 4, "container": "x"})]:

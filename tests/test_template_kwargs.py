@@ -38,3 +38,36 @@ def test_what_tallow_gives_the_template_cannot_be_overridden(client):
         with pytest.raises(openai.BadRequestError) as err:
             _ask(client, extra_body={"chat_template_kwargs": bad})
         assert "chat_template_kwargs" in str(err.value)
+
+
+REASONING = ("{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+             "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a{% endif %}")
+
+
+def test_thinking_blocks_in_history_reach_a_template_with_a_place_for_them(tmp_path):
+    """Anthropic requires thinking blocks to be passed back in tool loops; OpenAI-style
+    clients send reasoning_content. A template that renders reasoning gets them."""
+    import anthropic
+
+    model = write_synthetic_gguf(tmp_path / "think.gguf", template=REASONING, script={"a": "x", "x": "x"})
+    s = Server(model, tmp_path / "home")
+    try:
+        claude = anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0)
+        plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+                 {"role": "user", "content": "and?"}]
+        thought = [plain[0], {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "the user greets me; I answer briefly", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "opaque"}, {"type": "text", "text": "ok"}]}, plain[2]]
+        without = claude.messages.count_tokens(model="think.gguf", messages=plain).input_tokens
+        with_thinking = claude.messages.count_tokens(model="think.gguf", messages=thought).input_tokens
+        assert with_thinking > without + 5
+        answered = claude.messages.create(model="think.gguf", max_tokens=2, messages=thought)
+        assert answered.usage.input_tokens == with_thinking
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        chat = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "ok", "reasoning_content": "the user greets me; I answer briefly"},
+                {"role": "user", "content": "and?"}]
+        usage = client.chat.completions.create(model="think.gguf", messages=chat, max_tokens=2).usage
+        assert usage.prompt_tokens == with_thinking
+    finally:
+        s.close()

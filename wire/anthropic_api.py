@@ -69,7 +69,7 @@ def messages_of(body: dict[str, Any], fetch: Fetch | None = None) -> list[dict[s
             continue
         if not isinstance(content, list):
             raise APIError(f"{where}.content must be a string or a list of blocks", param="messages")
-        text, calls, media = [], [], []
+        text, calls, media, thoughts = [], [], [], []
         for j, b in enumerate(content):
             kind = b.get("type") if isinstance(b, dict) else None
             bw = f"{where}.content[{j}]"
@@ -94,13 +94,19 @@ def messages_of(body: dict[str, Any], fetch: Fetch | None = None) -> list[dict[s
                 if b.get("is_error") is True:
                     result = f"Error: {result}"
                 out.append({"role": "tool", "tool_call_id": ref, "name": names.get(ref), "content": result})
-            elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
-                continue  # not shown to the model again, as chat templates drop earlier reasoning
+            elif kind == "thinking" and m["role"] == "assistant":
+                if not isinstance(b.get("thinking"), str):
+                    raise APIError(f"{bw}: a thinking block needs its 'thinking' text", param="messages")
+                thoughts.append(b["thinking"])  # to the template as reasoning_content, where it has a place for it
+            elif kind == "redacted_thinking" and m["role"] == "assistant":
+                continue  # encrypted by another provider: nothing a local model can read
             else:
                 raise APIError(f"{bw}: blocks of type {kind!r} are not supported in a {m['role']} message",
                                param="messages")
-        if text or calls or not content:
+        if text or calls or thoughts or not content:
             msg: dict[str, Any] = {"role": m["role"], "content": "".join(text)}
+            if thoughts:
+                msg["reasoning_content"] = "".join(thoughts)
             if media:
                 msg["media"] = media
             if calls:

@@ -173,6 +173,8 @@ def chat_messages(messages: Any, fetch: Fetch | None = None) -> list[dict[str, A
         if found:
             msg["media"] = found
         if role == "assistant":
+            if isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+                msg["reasoning_content"] = m["reasoning_content"]  # llama.cpp's and DeepSeek's: back to the template
             calls = _calls(m, i)
             if calls:
                 msg["tool_calls"] = calls
