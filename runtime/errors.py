@@ -10,7 +10,12 @@ class BackendError(TallowError):
 
 
 class ContextOverflow(TallowError):
-    """A prompt does not fit in the context."""
+    """A prompt does not fit in the context (its size and the room, when known)."""
+
+    def __init__(self, message: str, hint: str | None = None, n_prompt_tokens: int | None = None,
+                 n_ctx: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
 class TemplateError(TallowError):

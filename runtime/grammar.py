@@ -115,10 +115,10 @@ def grammar_for(json_format: bool, schema: Schema | None) -> str | None:
     """The grammar for `--format json` or `--json-schema`, checked; None when neither."""
     if schema is None and not json_format:
         return None
-    from tallow.runtime import backend
+    from tallow.runtime.backend import grammars
 
     try:
-        text = backend.json_grammar() if schema is None else backend.schema_grammar(json.dumps(schema))
+        text = grammars.json_grammar() if schema is None else grammars.schema_grammar(json.dumps(schema))
     except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as exc:
         raise GrammarError(f"cannot turn the JSON schema into a grammar: {exc}",
                            "simplify the schema (remote $refs and some keywords are not supported)") from exc

@@ -125,7 +125,7 @@ class Scheduler:
         if len(prompt) >= self.capacity:
             raise ContextOverflow(
                 f"the prompt is {len(prompt)} tokens but a sequence holds {self.capacity} "
-                "(one more is needed to answer)", "shorten the prompt, or raise --ctx")
+                "(one more is needed to answer)", "shorten the prompt, or raise --ctx", len(prompt), self.capacity)
         room = self.capacity - len(prompt)
         wanted = request.max_tokens
         cap = self.settings.max_tokens_cap

@@ -24,12 +24,14 @@ class APIError(TallowError):
     """A request the API refuses; `status` is the HTTP status."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
+        self.extra = extra or {}  # more fields of the error object (llama.cpp's n_prompt_tokens, n_ctx)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

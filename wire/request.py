@@ -44,7 +44,7 @@ class Parsed:
     """A checked request: what the engine needs, plus how to shape the answer."""
 
     messages: list[dict[str, Any]] | None  # chat
-    prompt: str | list[int] | None  # text completion: text, or token ids
+    prompt: str | list[Any] | None  # text completion: text, or token ids (llama.cpp's /completion: or both mixed)
     max_tokens: int
     stop: tuple[str, ...]
     sampling: Sampling

@@ -165,23 +165,6 @@ def _ggml_type(name: str) -> int:
         raise BackendError(exc.message, exc.hint) from None
 
 
-def json_grammar() -> str:
-    """llama.cpp's grammar for any JSON object."""
-    from llama_cpp.llama_grammar import JSON_GBNF
-
-    return JSON_GBNF
-
-
-def schema_grammar(schema_json: str) -> str:
-    """A grammar accepting exactly the JSON documents a schema allows (llama.cpp's converter)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    # The converter's string characters admit raw control characters, which JSON forbids
-    # (an answer with a raw newline in a string would not parse): exclude them, as
-    # llama.cpp's own JSON grammar does.
-    return json_schema_to_gbnf(schema_json).replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
-
-
 FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
@@ -267,6 +250,11 @@ class Model:
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, -n, False, False)
         return buf.raw[:n]
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle), or None when the model has none."""
+        found = (C.llama_vocab_fim_pre(self.vocab), C.llama_vocab_fim_suf(self.vocab), C.llama_vocab_fim_mid(self.vocab))
+        return None if min(found) < 0 else found
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))

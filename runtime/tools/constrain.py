@@ -36,13 +36,13 @@ def _rebase_refs(schema: Any, base: str) -> Any:
 def _argument_rules(tools: tuple[Tool, ...]) -> str:
     """Rules `targ0`, `targ1`, ... for each tool's arguments, from one conversion (llama.cpp's
     schema converter, through the backend) so that shared rule names never clash."""
-    from tallow.runtime import backend
+    from tallow.runtime.backend import grammars
 
     wrapper = {"type": "object", "required": [f"targ{i}" for i in range(len(tools))],
                "properties": {f"targ{i}": _rebase_refs(t.parameters or {"type": "object"}, f"#/properties/targ{i}")
                               for i, t in enumerate(tools)}}
     try:
-        text = backend.schema_grammar(json.dumps(wrapper))
+        text = grammars.schema_grammar(json.dumps(wrapper))
     except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as exc:
         raise GrammarError(f"cannot turn a tool's parameters into a grammar: {exc}",
                            "simplify the schema (remote $refs and some keywords are not supported)") from exc

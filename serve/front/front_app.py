@@ -47,6 +47,9 @@ from tallow.wire.fields import APIError, parse_json
 
 MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens",
                 "/embeddings", "/rerank")
+# llama.cpp's native API: POSTs for the model the body names (or the first), GETs for ?model= (or the first)
+NATIVE_POST = ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template")
+NATIVE_GET = ("/props", "/slots")
 
 
 @dataclass(frozen=True)
@@ -79,14 +82,15 @@ class FrontApp:
                   Route("/api/delete", self.delete, methods=["DELETE"]),
                   Route("/api/copy", self.copy, methods=["POST"]), Route("/api/pull", self.pull, methods=["POST"]),
                   Route("/api/create", self.create, methods=["POST"]),
-                  Route("/lora-adapters", self.lora_adapters, methods=["GET", "POST"])]
+                  Route("/lora-adapters", self.relay, methods=["GET", "POST"]),
+                  *(Route(p, self.relay, methods=["GET"]) for p in NATIVE_GET)]
         if self.cfg.guard.ui:
             routes.append(Route(ASSETS + "{path:path}", self.page.asset, methods=["GET", "HEAD"]))
             routes += Conversations(self.cfg.guard.conversations, self.cfg.guard.max_body).routes()
         g = self.cfg.guard
         proxy = Proxy(self.pool, self.registry, self.cfg.default_model, g.max_body, self.keys,
                       (g.body_timeout, g.stall_timeout))
-        routes += [Route(p, proxy, methods=["POST"]) for p in OLLAMA_ROUTES]
+        routes += [Route(p, proxy, methods=["POST"]) for p in (*OLLAMA_ROUTES, *NATIVE_POST)]
         for prefix in ("/v1", ""):
             routes += [Route(prefix + p, proxy, methods=["POST"]) for p in MODEL_ROUTES]
             routes += [Route(f"{prefix}/responses/{{rid}}", self.stored.route, methods=["GET", "DELETE"]),
@@ -148,14 +152,14 @@ class FrontApp:
             return JSONResponse(lines[-1])
         return Response("".join(json.dumps(line) + "\n" for line in lines), media_type="application/x-ndjson")
 
-    async def lora_adapters(self, request: HTTPRequest) -> Response:
-        """llama-server's /lora-adapters, for the model `?model=` names (default: the first
-        MODEL): relayed to its runner, which is loaded for it if need be."""
+    async def relay(self, request: HTTPRequest) -> Response:
+        """llama-server's /lora-adapters, /props and /slots, for the model `?model=` names
+        (default: the first MODEL): relayed to its runner, which is loaded for it if need be."""
         local = self.registry.find(request.query_params.get("model") or self.cfg.default_model or "")
         raw = await read_body(request, self.cfg.guard.max_body) if request.method == "POST" else b""
         runner, _ = await run_in_threadpool(self.pool.acquire, local.name)
         try:
-            reply = await upstream.request(runner.socket, request.method, "/lora-adapters", raw,
+            reply = await upstream.request(runner.socket, request.method, request.url.path, raw,
                                            {"Content-Type": "application/json"})
             return Response(await reply.body(), reply.status, media_type=reply.content_type)
         finally:

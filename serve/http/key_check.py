@@ -22,10 +22,10 @@ from tallow.serve.http.prometheus import counter_family
 from tallow.serve.http.usage import COUNTS, Row, UsageTail
 from tallow.wire.fields import APIError
 
-ADMIN_PATHS = ("/api/pull", "/api/delete", "/api/create", "/api/copy", "/api/push", "/metrics")
+ADMIN_PATHS = ("/api/pull", "/api/delete", "/api/create", "/api/copy", "/api/push", "/metrics", "/slots")
 EMBED_PATHS = ("/embeddings", "/rerank", "/api/embed", "/api/embeddings")
-GENERATE_PATHS = ("/chat/completions", "/completions", "/responses", "/messages", "/api/chat", "/api/generate",
-                  "/ui/api/")
+GENERATE_PATHS = ("/chat/completions", "/completion", "/infill", "/responses", "/messages", "/api/chat",
+                  "/api/generate", "/ui/api/")  # ("/completion" covers "/completions" too)
 CATCH_UP = 0.2  # seconds between reads of the usage rows that arrived
 
 

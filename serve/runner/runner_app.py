@@ -36,6 +36,7 @@ from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.serve.http.usage import Row
 from tallow.serve.media_fetch import fetch_media
 from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
+from tallow.serve.runner.native_routes import NativeRoutes
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
 from tallow.wire.fields import APIError, lora_scales, parse_json
@@ -95,6 +96,7 @@ class RunnerApp:
                 Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"]),
             ]
         routes += embed_routes(self.embedding, self.cfg, self.limits, self.record)
+        routes += NativeRoutes(self).routes()  # llama.cpp's own: /completion, /tokenize, /props, ...
         app = Starlette(routes=routes, middleware=cors(self.cfg),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)
@@ -248,8 +250,11 @@ class RunnerApp:
         if isinstance(exc, QueueFull):
             err = APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error")
             return error_response(request.url.path, err, {"Retry-After": "1"})
-        code = "context_length_exceeded" if isinstance(exc, ContextOverflow) else None
-        return error_response(request.url.path, APIError(exc.message, 400, code=code))
+        if isinstance(exc, ContextOverflow):  # OpenAI's code, and llama.cpp's sizes beside it
+            sizes = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx} if exc.n_ctx is not None else None
+            return error_response(request.url.path, APIError(exc.message, 400, code="context_length_exceeded",
+                                                             extra=sizes))
+        return error_response(request.url.path, APIError(exc.message, 400))
 
 
 async def _whole(request: HTTPRequest, handles: list, events: asyncio.Queue, adapters: list, done) -> Response:

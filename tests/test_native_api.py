@@ -1,0 +1,141 @@
+"""llama.cpp's native API on tallow serve, spoken as its clients speak it (plain HTTP, the
+field names of llama.cpp's server README): /completion whole and streamed, with text, token
+and mixed prompts, probabilities, grammars and stop words; /tokenize, /detokenize,
+/apply-template, /props and /slots (behind the key); /infill on a model with FIM tokens;
+and the context-overflow error's sizes. The same scheduler answers /v1/completions, so the
+two give the same text."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from helpers.server import Server
+from helpers.synth import write_synthetic_gguf
+
+pytestmark = pytest.mark.default_model
+KEY = "native-key"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def server(default_model, tmp_path_factory):
+    s = Server(default_model, tmp_path_factory.mktemp("native"), "--parallel", "2", "--ctx", "2048",
+               "--api-key", KEY)
+    yield s
+    s.close()
+
+
+def call(server, path: str, body: dict | None = None, key: str | None = KEY, method: str | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(server.url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            raw = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        raw, status = err.read().decode(), err.code
+    if raw.startswith("data: "):
+        return status, [json.loads(line[6:]) for line in raw.split("\n\n") if line.startswith("data: ")]
+    return status, json.loads(raw)
+
+
+def test_completion_whole_has_llama_cpps_fields_and_the_v1_answer(server):
+    status, out = call(server, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0})
+    assert status == 200, out
+    assert out["stop"] is True and out["stop_type"] == "limit" and out["tokens_predicted"] == 8
+    assert out["tokens_evaluated"] > 0 and out["model"] and out["prompt"] == PROMPT
+    t = out["timings"]
+    assert t["prompt_n"] > 0 and t["predicted_n"] == 8 and t["predicted_per_second"] > 0
+    assert out["generation_settings"]["n_predict"] == 8
+    status, v1 = call(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+    assert v1["choices"][0]["text"] == out["content"]
+    _, again = call(server, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "cache_prompt": True})
+    assert again["tokens_cached"] > 0 and again["content"] == out["content"]
+
+
+def test_completion_streamed_token_and_mixed_prompts(server):
+    _, whole = call(server, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0})
+    status, chunks = call(server, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "stream": True,
+                                                   "n_probs": 3, "return_tokens": True, "timings_per_token": True})
+    assert status == 200 and chunks[-1]["stop"] is True and all(c["stop"] is False for c in chunks[:-1])
+    assert "".join(c["content"] for c in chunks) == whole["content"]
+    probs = [p for c in chunks[:-1] for p in c.get("completion_probabilities", [])]
+    assert len(probs) == 6 and all(len(p["top_logprobs"]) == 3 and isinstance(p["id"], int) for p in probs)
+    assert all("timings" in c and "tokens" in c for c in chunks[:-1])
+    _, ids = call(server, "/tokenize", {"content": PROMPT, "add_special": True})
+    _, by_ids = call(server, "/completion", {"prompt": ids["tokens"], "n_predict": 6, "temperature": 0})
+    assert by_ids["content"] == whole["content"]
+    _, tail = call(server, "/tokenize", {"content": " is"})
+    mixed = [PROMPT[:-3], *tail["tokens"]]
+    _, by_mixed = call(server, "/completion", {"prompt": mixed, "n_predict": 6, "temperature": 0})
+    assert by_mixed["content"] == whole["content"]
+
+
+def test_completion_grammar_schema_and_stop_word(server):
+    _, out = call(server, "/completion", {"prompt": "Answer yes or no: is the sky blue?", "n_predict": 4,
+                                          "grammar": 'root ::= "yes" | "no"', "temperature": 0})
+    assert out["content"] in ("yes", "no")
+    _, out = call(server, "/completion", {"prompt": "A person as JSON:", "n_predict": 64, "temperature": 0,
+                                          "json_schema": {"type": "object", "properties": {"age": {"type": "integer"}},
+                                                          "required": ["age"]}})
+    assert isinstance(json.loads(out["content"])["age"], int)
+    _, out = call(server, "/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "stop": ["."]})
+    assert out["stop_type"] == "word" and out["stopping_word"] == "." and "." not in out["content"]
+
+
+def test_fields_at_their_defaults_pass_and_others_are_refused_by_name(server):
+    status, _ = call(server, "/completion", {"prompt": PROMPT, "n_predict": 2, "dry_multiplier": 0, "xtc_probability": 0,
+                                             "n_keep": -1, "seed": -1, "typical_p": 1.0, "samplers": ["top_k", "min_p"]})
+    assert status == 200
+    for field, value in (("dry_multiplier", 0.8), ("image_data", [{"data": "x", "id": 1}]), ("nope", 1),
+                         ("samplers", ["xtc"]), ("prompt", [["a"], ["b"]])):
+        status, out = call(server, "/completion", {"prompt": PROMPT, "n_predict": 2, field: value})
+        assert status == 400 and out["error"]["param"] == field, (field, out)
+
+
+def test_tokenizer_template_props_and_slots(server):
+    _, ids = call(server, "/tokenize", {"content": "Hello world", "with_pieces": True})
+    assert [t["piece"] for t in ids["tokens"]] == ["Hello", " world"]
+    _, text = call(server, "/detokenize", {"tokens": [t["id"] for t in ids["tokens"]]})
+    assert text["content"] == "Hello world"
+    _, out = call(server, "/apply-template", {"messages": [{"role": "user", "content": "hi there"}]})
+    assert "hi there" in out["prompt"] and out["prompt"].endswith("<|im_start|>assistant\n")
+    _, props = call(server, "/props")
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 1024
+    assert "im_start" in props["chat_template"] and props["modalities"] == {"vision": False, "audio": False}
+    status, slots = call(server, "/slots")
+    assert status == 200 and [s["id"] for s in slots] == [0, 1] and all("prompt" not in s for s in slots)
+    for path in ("/slots", "/props", "/tokenize"):
+        status, _ = call(server, path, {"content": "x"} if path == "/tokenize" else None, key=None)
+        assert status == 401, path
+    status, out = call(server, "/detokenize", {"tokens": [10**9]})
+    assert status == 400 and out["error"]["param"] == "tokens"
+
+
+def test_the_context_overflow_error_says_the_sizes(server):
+    status, out = call(server, "/completion", {"prompt": "word " * 1500, "n_predict": 4})
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded"
+    assert out["error"]["n_ctx"] == 1024 and out["error"]["n_prompt_tokens"] > 1024
+    status, v1 = call(server, "/v1/completions", {"prompt": "word " * 1500, "max_tokens": 4})
+    assert v1["error"]["n_prompt_tokens"] == out["error"]["n_prompt_tokens"]
+
+
+def test_infill_on_a_model_with_fim_tokens_and_not_without(server, tmp_path):
+    status, out = call(server, "/infill", {"input_prefix": "def f(", "input_suffix": "):"})
+    assert status == 400 and "fill-in-the-middle" in out["error"]["message"]
+    model = write_synthetic_gguf(tmp_path / "fim.gguf", extra_tokens=("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+                                 script={"<fim_middle>": "x", "x": "y", "y": "x"})
+    fim = Server(model, tmp_path / "home")
+    try:
+        status, out = call(fim, "/infill", {"input_prefix": "def f(", "input_suffix": "):", "n_predict": 4,
+                                            "temperature": 0}, key=None)
+        assert status == 200 and out["content"] == "xyxy", out
+        _, with_start = call(fim, "/infill", {"input_prefix": "a", "input_suffix": "b", "prompt": "y", "n_predict": 2,
+                                              "temperature": 0}, key=None)
+        assert with_start["content"] == "xy"
+    finally:
+        fim.close()

@@ -1,0 +1,237 @@
+"""llama.cpp's native server API (`POST /completion`, `/infill`, `/tokenize`, `/detokenize`,
+`/apply-template`; `GET /props`, `/slots`), which SillyTavern, koboldcpp-style backends,
+editor plugins and llama.cpp's own web UI speak. Pure functions, no HTTP: the runner app
+(serve/runner/native_routes.py) calls them, and a completion goes through the same checks
+as /v1/completions (it is translated to one), then the same scheduler.
+
+Field names and response shapes follow llama.cpp's tools/server/README.md. A field of
+llama.cpp's that tallow does not implement is refused by name, except at its default value
+(clients send every field of their settings panel)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from tallow.runtime.types import FinalEvent, TokenEvent
+from tallow.wire.fields import APIError, check_fields, flag, number
+from tallow.wire.openai_api import parse_completion
+from tallow.wire.request import Limits, Parsed
+
+# Passed on as /v1/completions takes them (the names are the same there).
+SAME = {"model", "stream", "stop", "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+        "presence_penalty", "frequency_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "grammar", "json_schema",
+        "ignore_eos", "cache_prompt", "id_slot", "lora", "draft"}
+OWN = {"prompt", "n_predict", "seed", "logit_bias", "n_probs", "slot_id", "return_tokens", "timings_per_token",
+       "return_progress", "samplers"}
+# llama.cpp's settings tallow has no such thing for: accepted at their default, refused otherwise
+DEFAULTS: dict[str, Any] = {"dynatemp_range": 0, "dynatemp_exponent": 1, "dry_multiplier": 0, "dry_base": 1.75,
+                            "dry_allowed_length": 2, "dry_penalty_last_n": -1, "dry_sequence_breakers": None,
+                            "xtc_probability": 0, "xtc_threshold": 0.1, "n_keep": 0, "n_indent": 0, "min_keep": 0,
+                            "t_max_predict_ms": 0, "post_sampling_probs": False, "repeat_last_n": 64, "tfs_z": 1,
+                            "penalize_nl": False, "n_discard": 0, "typical": None, "image_data": None,
+                            "response_fields": None, "top_n_sigma": -1}
+INFILL = {"input_prefix", "input_suffix", "input_extra"}
+SAMPLERS = ("penalties", "top_k", "typ_p", "top_p", "min_p", "temperature")  # tallow's chain, in its order
+
+
+def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> Parsed:
+    """A /completion (or /infill) body as the request /v1/completions would make of it."""
+    check_fields(body, SAME | OWN | set(DEFAULTS) | (INFILL if route == "/infill" else set()), route)
+    for name, default in DEFAULTS.items():
+        value = body.get(name)
+        if value is not None and value != default and not (name == "n_keep" and value == -1):
+            raise APIError(f"'{name}' is not implemented by tallow (only its default, {json.dumps(default)})",
+                           param=name)
+    _check_samplers(body.get("samplers"))
+    prompt = body.get("prompt", "" if route == "/infill" else None)
+    mixed = _prompt(prompt, route)
+    openai = {k: v for k, v in body.items() if k in SAME and v is not None}
+    predict = number(body, "n_predict", -1, 2**31, None, integer=True)
+    if predict is not None and predict > 0:
+        openai["max_tokens"] = predict
+    probs = number(body, "n_probs", 0, 20, 0, integer=True)
+    if probs:
+        openai["logprobs"] = probs
+    seed = number(body, "seed", -1, 2**32 - 1, None, integer=True)
+    if seed is not None and seed >= 0:  # llama.cpp's -1 is a random seed
+        openai["seed"] = seed
+    if body.get("logit_bias") is not None:
+        openai["logit_bias"] = _bias(body["logit_bias"])
+    # checked whole here (a mixed list, or /infill's empty prompt, is tokenized by the route)
+    plain = isinstance(mixed, str) or all(isinstance(t, int) for t in mixed)
+    openai["prompt"] = mixed if mixed and plain else [0]
+    if body.get("slot_id") is not None:
+        openai["id_slot"] = body["slot_id"]  # its older name
+    try:
+        parsed = parse_completion(openai, limits)
+    except APIError as exc:
+        if exc.param in ("max_tokens", "logprobs"):
+            exc.param = {"max_tokens": "n_predict", "logprobs": "n_probs"}[exc.param]
+        raise
+    parsed.prompt = mixed
+    parsed.extra = {"native": True, "n_probs": probs, "return_tokens": flag(body, "return_tokens"),
+                    "timings_per_token": flag(body, "timings_per_token"), "return_progress": flag(body, "return_progress")}
+    return parsed
+
+
+def _prompt(prompt: Any, route: str) -> str | list[str | int]:
+    """A prompt as llama.cpp takes it: text, token ids, or text and ids mixed in one list."""
+    if isinstance(prompt, str) and (prompt or route == "/infill"):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in prompt):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
+        raise APIError("'prompt' holds several prompts: send each in a request of its own", param="prompt")
+    raise APIError("'prompt' must be text, a list of token ids, or text and token ids mixed", param="prompt")
+
+
+def _check_samplers(samplers: Any) -> None:
+    if samplers is None:
+        return
+    if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
+        raise APIError("'samplers' must be a list of sampler names", param="samplers")
+    names = [s.replace("typical_p", "typ_p") for s in samplers]
+    extra = [s for s in names if s not in SAMPLERS]
+    if extra:
+        raise APIError(f"'samplers': tallow has no {extra[0]!r} sampler (it has {', '.join(SAMPLERS)})", param="samplers")
+    if names != [s for s in SAMPLERS if s in names]:
+        raise APIError(f"'samplers': tallow's chain runs in one order, {', '.join(SAMPLERS)}", param="samplers")
+
+
+def _bias(value: Any) -> dict[str, float]:
+    """llama.cpp's logit_bias ([[token, bias], ...] with false to ban, or {"token": bias}) as OpenAI's."""
+    pairs = value.items() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if pairs is None:
+        raise APIError("'logit_bias' must be a list of [token, bias] pairs or an object", param="logit_bias")
+    out: dict[str, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not isinstance(pair[0], (int, str)):
+            raise APIError("'logit_bias' entries are [token id, bias]", param="logit_bias")
+        bias = pair[1]
+        out[str(pair[0])] = -100.0 if bias is False else bias
+    return out
+
+
+def tokens_of(engine, prompt: str | list[Any]) -> list[int]:
+    """A mixed prompt's tokens: text pieces tokenized (the first with BOS), ids as they are."""
+    if isinstance(prompt, str):
+        return engine.model.tokenize(prompt, add_special=True, parse_special=False)
+    out: list[int] = []
+    for i, part in enumerate(prompt):
+        out += engine.model.tokenize(part, add_special=i == 0, parse_special=False) if isinstance(part, str) else [part]
+    vocab = engine.model.n_vocab
+    if not all(0 <= t < vocab for t in out):
+        raise APIError(f"'prompt' has a token id outside the vocabulary (0 to {vocab - 1})", param="prompt")
+    return out
+
+
+def infill_tokens(engine, body: dict[str, Any], prompt: str | list[Any]) -> list[int]:
+    """llama.cpp's fill-in-the-middle prompt: prefix token, input_prefix, suffix token,
+    input_suffix, middle token, then `prompt` (text the middle already starts with)."""
+    fim = engine.model.fim_tokens()
+    if fim is None:
+        raise APIError("this model has no fill-in-the-middle tokens: /infill needs a code model that has them",
+                       param="input_prefix")
+    if body.get("input_extra"):
+        raise APIError("'input_extra' (other files as context) is not implemented by tallow", param="input_extra")
+    parts = []
+    for name in ("input_prefix", "input_suffix"):
+        value = body.get(name, "")
+        if not isinstance(value, str):
+            raise APIError(f"'{name}' must be text", param=name)
+        parts.append(engine.model.tokenize(value, add_special=False, parse_special=False) if value else [])
+    start = tokens_of(engine, prompt)[1:] if prompt and engine.model.add_bos else tokens_of(engine, prompt) if prompt else []
+    head = [engine.model.bos] if engine.model.add_bos else []
+    return [*head, fim[0], *parts[0], fim[1], *parts[1], fim[2], *start]
+
+
+class NativeAdapter:
+    """/completion's answer: `data: {"content", "stop": false, ...}` lines when streamed, then
+    one object with stop true and the summary, as llama.cpp's server writes them."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, parsed: Parsed, model: str, piece, prompt_text: str) -> None:
+        self.parsed, self.model, self.piece, self.prompt_text = parsed, model, piece, prompt_text
+        self.extra = parsed.extra
+        self.ids: list[int] = []
+        self.probs: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+
+    def opening(self, prompt_tokens: int) -> list[str]:
+        self.prompt_tokens = prompt_tokens
+        return []
+
+    def note(self, ev: TokenEvent) -> dict[str, Any] | None:
+        self.ids.append(ev.token)
+        if not self.extra["n_probs"] or ev.logprob is None:
+            return None
+        entry = {**self._one(ev.token, ev.logprob), "top_logprobs": [self._one(t, lp) for t, lp in ev.top_logprobs]}
+        self.probs.append(entry)
+        return entry
+
+    def _one(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self.piece(token)
+        return {"id": token, "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    def tokens(self, ev: TokenEvent) -> list[str]:
+        """The stream's line for a token (none while text is held back and no probabilities are asked for)."""
+        entry = self.note(ev)
+        if not ev.text and entry is None:
+            return []
+        chunk: dict[str, Any] = {"content": ev.text, "stop": False, "id_slot": -1, "index": 0}
+        if self.extra["return_tokens"]:
+            chunk["tokens"] = [ev.token]
+        if entry is not None:
+            chunk["completion_probabilities"] = [entry]
+        if self.extra["timings_per_token"]:
+            chunk["timings"] = {"predicted_n": len(self.ids),
+                                "predicted_ms": round((time.perf_counter() - self.started) * 1000, 3)}
+        return [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"]
+
+    def closing(self, final: FinalEvent) -> list[str]:
+        last = {**self.whole(final), "content": final.tail}
+        return [f"data: {json.dumps(last, ensure_ascii=False)}\n\n"]
+
+    def failed(self, message: str) -> list[str]:
+        return [f"data: {json.dumps({'error': {'code': 500, 'message': message, 'type': 'server_error'}})}\n\n"]
+
+    def whole(self, final: FinalEvent) -> dict[str, Any]:
+        u, t = final.usage, final.timings
+        stop_type = {"stop": "word" if final.stop_sequence else "eos", "length": "limit"}.get(final.finish_reason, "none")
+        out: dict[str, Any] = {
+            "content": final.text, "id_slot": -1, "stop": True, "model": self.model,
+            "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens or 0,
+            "tokens_cached": (u.cached_tokens or 0), "prompt": self.prompt_text, "has_new_line": "\n" in final.text,
+            "truncated": False, "stop_type": stop_type, "stopping_word": final.stop_sequence or "",
+            "generation_settings": self.settings(), "timings": timings(t),
+        }
+        if self.extra["return_tokens"]:
+            out["tokens"] = self.ids
+        if self.extra["n_probs"]:
+            out["completion_probabilities"] = self.probs
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        s, p = self.parsed.sampling, self.parsed
+        return {"n_predict": p.max_tokens, "seed": s.seed if s.seed is not None else -1, "temperature": s.temperature,
+                "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "typical_p": s.typical_p,
+                "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
+                "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+                "mirostat": s.mirostat, "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta,
+                "stop": list(p.stop), "ignore_eos": p.ignore_eos, "n_probs": p.extra["n_probs"],
+                "grammar": p.grammar or "", "samplers": list(SAMPLERS)}
+
+
+def timings(t) -> dict[str, float]:
+    """llama.cpp's timings object, from tallow's own measurements."""
+    def per(n: int, ms: float) -> tuple[float, float]:
+        return (round(ms / n, 3) if n else 0.0), (round(n / ms * 1000, 3) if ms > 0 else 0.0)
+
+    prompt_per_token, prompt_per_second = per(t.prefill_tokens, t.prefill_ms)
+    predicted_per_token, predicted_per_second = per(t.decode_tokens, t.decode_ms)
+    return {"prompt_n": t.prefill_tokens, "prompt_ms": round(t.prefill_ms, 3), "prompt_per_token_ms": prompt_per_token,
+            "prompt_per_second": prompt_per_second, "predicted_n": t.decode_tokens, "predicted_ms": round(t.decode_ms, 3),
+            "predicted_per_token_ms": predicted_per_token, "predicted_per_second": predicted_per_second}
