@@ -36,6 +36,10 @@ class Shell:
         seen = plain(self.term.read_until(rf"@@(\d+)@@{self.n}\r?\n", timeout=timeout))
         code = int(re.findall(rf"@@(\d+)@@{self.n}", seen)[-1])
         body = seen.split("\n", 1)[1] if "\n" in seen else ""  # after the echoed command line
+        # On a loaded machine the typed line can arrive before readline is ready: the terminal
+        # echoes it, then readline draws it again with its prompt. That is the shell, not tallow.
+        typed = f'echo "@@$?@@{self.n}"'
+        body = "\n".join(line for line in body.split("\n") if typed not in line)
         return code, body.rsplit("@@", 2)[0]
 
     def complete(self, typed: str) -> str:
