@@ -43,7 +43,10 @@ SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", 
                  "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget",
                  # llama.cpp's and vLLM's names (wire/fields.sampling), and what they mean here (_common)
                  "n_predict", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "repetition_penalty", "id_slot",
-                 "verbosity", "prediction"}
+                 "verbosity", "prediction",
+                 # llama.cpp's stream extras: every answer already carries its timings, and the
+                 # prompt's progress is not streamed; neither changes the answer
+                 "timings_per_token", "return_progress"}
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                                "continue_final_message", "add_generation_prompt", "chat_template_kwargs"}
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
