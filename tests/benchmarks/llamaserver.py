@@ -59,6 +59,14 @@ def wait_ready(url: str, proc: subprocess.Popen, what: str) -> None:
     raise RuntimeError(f"{what} did not become ready")
 
 
+def sse_chunks(resp):
+    """The JSON chunks of a server-sent event stream, up to its [DONE]."""
+    for raw in resp:
+        line = raw.decode().strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
 def one(url: str, question: str, out: list) -> None:
     body = json.dumps({"model": "tallow", "messages": [{"role": "user", "content": question}], "max_tokens": TOKENS,
                        "temperature": 0, "stream": True, "ignore_eos": True}).encode()
@@ -66,11 +74,7 @@ def one(url: str, question: str, out: list) -> None:
     started = time.perf_counter()
     first = None
     with urllib.request.urlopen(req, timeout=300) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r):
             if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
                 first = time.perf_counter()
     out.append((first - started) * 1000)

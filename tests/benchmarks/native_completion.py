@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.llamaserver import free_port, wait_ready  # noqa: E402
+from benchmarks.llamaserver import free_port, sse_chunks, wait_ready  # noqa: E402
 from benchmarks.overhead import default_model  # noqa: E402
 
 RATE_TARGET, TTFT_TARGET = 0.98, 1.02
@@ -39,11 +39,7 @@ def stream(url: str, path: str, body: dict) -> tuple[float, float]:
     first = last = None
     n = 0
     with urllib.request.urlopen(req, timeout=300) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(resp):
             text = chunk.get("content") if path == "/completion" else \
                 (chunk.get("choices") or [{}])[0].get("text")
             if text:
