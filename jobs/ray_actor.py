@@ -7,7 +7,6 @@ that run there, so the driver's side stays importable without it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from tallow.common.errors import TallowError
@@ -25,7 +24,6 @@ class ActorSpec:
     sched: SchedulerSettings
     limits: Limits  # less what the engine knows (vocabulary, tool format, adapters)
     forced_format: str | None = None  # --tool-format
-    cache_dir: str | None = None  # where shipped weights are written on a node (None: the temp folder)
     timeout_s: float = 600.0  # one request
 
 
@@ -41,17 +39,13 @@ class BatchActor:
         self.node = node_name(ray)
         self.sources: dict[str, str] = {}
         try:
-            self.sched = self._load(spec, lambda ref: ray.get(ref))
-        except Missing as exc:
-            self.missing = exc.path
-            self.error = f"{exc.message} ({exc.hint})"
+            self.sched = self._load(spec, ray.get)
         except TallowError as exc:
+            self.missing = exc.path if isinstance(exc, Missing) else None
             self.error = exc.message + (f" ({exc.hint})" if exc.hint else "")
 
     def _load(self, spec: ActorSpec, fetch):
-        cache = Path(spec.cache_dir) if spec.cache_dir else None
-        sched, self.sources = load_on_node(spec.model_paths, spec.weights, spec.load, spec.sched, cache, self.node,
-                                           fetch)
+        sched, self.sources = load_on_node(spec.model_paths, spec.weights, spec.load, spec.sched, self.node, fetch)
         engine = sched.engine
         self.limits = replace(spec.limits, n_vocab=engine.model.n_vocab, n_adapters=len(engine.adapters.specs),
                               tool_format=spec.forced_format or engine.tool_format())
@@ -70,8 +64,3 @@ class BatchActor:
             return {"record": answer_body(self.sched, body, self.limits, self.spec.timeout_s)}
         except TallowError as exc:
             return {"error": exc.message}
-
-    def close(self) -> None:
-        if self.sched is not None:
-            self.sched.close()
-            self.sched = None

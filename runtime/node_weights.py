@@ -78,9 +78,10 @@ def plan(files: list[Path], mode: str, put: Callable[[bytes], Any]) -> dict[str,
     return out
 
 
-def shipped(w: WeightFile, put: Callable[[bytes], Any]) -> WeightFile:
-    """`w` with its bytes in the object store, for nodes that lack it."""
-    return replace(w, blob=put(Path(w.path).read_bytes()), by_path=False)
+def shipped(w: WeightFile, put: Callable[[bytes], Any], by_path: bool = False) -> WeightFile:
+    """`w` with its bytes in the object store, for nodes that lack it (`by_path`: a node
+    that has the file at the driver's path still loads that)."""
+    return replace(w, blob=put(Path(w.path).read_bytes()), by_path=by_path)
 
 
 def may_ship(w: WeightFile, mode: str, ship_max: int) -> bool:
@@ -134,7 +135,7 @@ def on_node(load: LoadSettings, files: dict[str, Path]) -> LoadSettings:
 
 
 def load_on_node(model_paths: tuple[str, ...], weights: dict[str, WeightFile], load: LoadSettings, sched_settings,
-                 cache_dir: Path | None, node: str, fetch: Callable[[Any], bytes]):
+                 node: str, fetch: Callable[[Any], bytes]):
     """(a Scheduler loaded from this node's copies, {file name: "path" | "shipped"});
     Missing when this node lacks a file that was not shipped."""
     from tallow.runtime.scheduler import Scheduler
@@ -142,7 +143,7 @@ def load_on_node(model_paths: tuple[str, ...], weights: dict[str, WeightFile], l
     files: dict[str, Path] = {}
     sources: dict[str, str] = {}
     for key, w in weights.items():
-        files[key], sources[w.name] = node_path(w, cache_dir, node, fetch)
+        files[key], sources[w.name] = node_path(w, None, node, fetch)  # shipped copies: the temp folder
     sched = Scheduler.load([files[p] for p in model_paths], on_node(load, files), sched_settings)
     sched.engine.digest = weights[model_paths[0]].sha256
     return sched, sources

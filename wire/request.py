@@ -80,8 +80,6 @@ def generation(messages: list[dict[str, Any]], continue_final: Any = None, add_p
     text, not tool calls) continues it, as llama.cpp's server, Ollama and Anthropic do;
     vLLM's flags say it outright: `continue_final_message` (true needs that last message)
     and `add_generation_prompt` (false alone: the conversation as it is; true: a new turn)."""
-    from tallow.wire.fields import APIError
-
     for name, value in (("continue_final_message", continue_final), ("add_generation_prompt", add_prompt)):
         if value is not None and not isinstance(value, bool):
             raise APIError(f"'{name}' must be true or false", param=name)
@@ -104,8 +102,6 @@ RESERVED = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_toke
 def template_kwargs(value: Any) -> dict[str, Any] | None:
     """chat_template_kwargs (vLLM's, llama.cpp's): names the chat template may read, such as
     enable_thinking; not the ones tallow itself gives the template."""
-    from tallow.wire.fields import APIError
-
     if value is None:
         return None
     if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):

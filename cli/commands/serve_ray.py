@@ -51,13 +51,11 @@ def _weights(ray, opts: RayOptions, files):
     """The files' plan: with auto, those up to 1 GiB are also shipped (a replica that lacks
     one cannot ask for it while Ray Serve keeps restarting it), and a node that has the file
     at the driver's path still uses that."""
-    from tallow.runtime.node_weights import plan, shipped
+    from tallow.runtime.node_weights import may_ship, plan, shipped
 
     weights = plan(files, "path" if opts.weights == "auto" else opts.weights, ray.put)
-    if opts.weights == "auto":
-        weights = {k: replace(shipped(w, ray.put), by_path=True) if w.size <= SHIP_MAX else w
-                   for k, w in weights.items()}
-    return weights
+    return {k: shipped(w, ray.put, by_path=True) if may_ship(w, opts.weights, SHIP_MAX) else w
+            for k, w in weights.items()}
 
 
 def _deploy_and_wait(ray, opts: RayOptions, local, load, conf, server, front: Front) -> None:

@@ -23,7 +23,6 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
@@ -44,7 +43,6 @@ class ReplicaSpec:
     load: LoadSettings
     sched: SchedulerSettings
     server: ServerConfig  # the runner app's: the model's name, limits, key, CORS
-    cache_dir: str | None = None
 
 
 class ModelReplica:
@@ -52,8 +50,8 @@ class ModelReplica:
         import ray
 
         self.node = node_name(ray)
-        self.sched, self.sources = load_on_node(spec.model_paths, spec.weights, spec.load, spec.sched,
-                                                Path(spec.cache_dir) if spec.cache_dir else None, self.node, ray.get)
+        self.sched, self.sources = load_on_node(spec.model_paths, spec.weights, spec.load, spec.sched, self.node,
+                                                ray.get)
         self.app = create_app(self.sched, spec.server)
 
     def check_health(self) -> None:
