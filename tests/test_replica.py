@@ -78,7 +78,8 @@ def test_sigterm_drains_four_streams_refuses_new_requests_and_exits_0(synth_mode
     def stream(i: int) -> None:
         text, finish, first = "", None, True
         for chunk in client.chat.completions.create(
-                model="tallow", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=96, stream=True,
+                # long enough that the streams outlast the checks below, even on a loaded machine
+                model="tallow", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=600, stream=True,
                 extra_body={"ignore_eos": True}, temperature=0):
             if first:
                 first = False
