@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from tallow.common.errors import TallowError
-from tallow.runtime.types import FinalEvent, Sampling, TokenEvent
+from tallow.common.fields import on_surface
+from tallow.runtime.types import FinalEvent, TokenEvent
 
-DEFAULT = Sampling()
+if TYPE_CHECKING:
+    from tallow.runtime.opening import RequestDefaults
+
+API_FIELDS = on_surface("api")  # the request fields tallow.api takes, by keyword (common/fields.py)
 
 
 def load(name: str, *, ctx: int | None = None, threads: int | None = None, gpu_layers: str = "auto",
          flash_attn: str = "auto", prompt_cache: bool = True) -> Model:
-    """A stored model (a name `tallow list` shows, or a path to a .gguf file), loaded with
-    the CLI's settings and this machine's calibration; `prompt_cache` attaches the prompt
-    cache on disk, as `tallow run` does unless --no-cache."""
-    from tallow.cli.machine import load_settings
-    from tallow.cli.models import attach_cache, store
+    """A stored model (a name `tallow list` shows, or a path to a .gguf file), loaded as
+    `tallow run` loads it (runtime/opening.py): with the settings of the environment, this
+    machine's calibration, and what is stored with it (a created model's system prompt,
+    parameters and adapters, its projector); `prompt_cache` attaches the prompt cache on
+    disk, as `tallow run` does unless --no-cache."""
+    from tallow.env.machine import load_settings
+    from tallow.env.site import cache_site, store
     from tallow.models.resolve import LocalModel, locate
-    from tallow.runtime.engine import Engine
+    from tallow.runtime.opening import RequestDefaults, open_engine
 
     if gpu_layers not in ("auto", "all") and not str(gpu_layers).isdigit():
         raise ValueError(f"gpu_layers must be auto, all or a number of layers, not {gpu_layers!r}")
@@ -28,10 +34,9 @@ def load(name: str, *, ctx: int | None = None, threads: int | None = None, gpu_l
     found = locate(name, store())
     if not isinstance(found, LocalModel):
         raise TallowError(f"the model '{name}' is not stored", f"pull it first: tallow pull {name}")
-    engine = Engine(found.paths, load_settings(ctx, threads, str(gpu_layers), flash_attn))
-    if prompt_cache:
-        attach_cache(engine, found)
-    return Model(found.name, engine)
+    engine = open_engine(found, load_settings(ctx, threads, str(gpu_layers), flash_attn),
+                         cache_site() if prompt_cache else None)
+    return Model(found.name, engine, RequestDefaults.of(found.preset))
 
 
 class Model:
@@ -39,8 +44,11 @@ class Model:
     the FinalEvent alone. The engine's notes on its load (a context shrunk to fit, say) are
     in `notes`."""
 
-    def __init__(self, name: str, engine) -> None:
+    def __init__(self, name: str, engine, defaults: RequestDefaults | None = None) -> None:
+        from tallow.runtime.opening import RequestDefaults
+
         self.name, self.engine = name, engine
+        self.defaults = defaults or RequestDefaults()
         self.notes: list[str] = list(engine.notes)
         self.last: FinalEvent | None = None
 
@@ -54,24 +62,36 @@ class Model:
         self.engine.close()
 
     def stream(self, prompt: str | list[dict[str, Any]], *, system: str | None = None, max_tokens: int | None = None,
-               stop: tuple[str, ...] = (), raw: bool = False, **sampling: Any) -> Iterator[TokenEvent | FinalEvent]:
+               stop: tuple[str, ...] | None = None, raw: bool = False,
+               **sampling: Any) -> Iterator[TokenEvent | FinalEvent]:
         """The answer to `prompt` (a user message, or a whole list of chat messages), token by
-        token. `sampling` takes Sampling's fields (temperature, top_k, top_p, min_p,
-        repeat_penalty, seed, ...); a field Sampling does not have is refused."""
-        unknown = sorted(set(sampling) - set(DEFAULT.__dataclass_fields__))
-        if unknown:
-            raise TypeError(f"unknown sampling settings: {', '.join(unknown)}")
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if system is not None:
-            messages = [{"role": "system", "content": system}, *messages]
-        request = self.engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop),
-                                      sampling=replace(DEFAULT, **sampling))
+        token. `sampling` takes the sampling fields by their names (temperature, top_k, top_p,
+        min_p, typical_p, mirostat, repeat_penalty, seed, ...), each checked as every surface
+        checks it; a created model's parameters are the defaults of what is not given."""
+        request = self.engine.request(self.conversation(prompt, system), raw=raw, **self.options(max_tokens, stop, sampling))
         for event in self.engine.stream(request):
             if isinstance(event, FinalEvent):
                 self.last = event
             yield event
         if self.last is not None and self.last.finish_reason != "interrupted":
             self.engine.save_prompt(request)  # as `tallow run` does, once the answer is out
+
+    @staticmethod
+    def conversation(prompt: str | list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return [{"role": "system", "content": system}, *messages] if system is not None else messages
+
+    def options(self, max_tokens: int | None, stop: tuple[str, ...] | None, sampling: dict[str, Any]) -> dict[str, Any]:
+        """The request's length, stop strings and sampling: the keywords given, checked by the
+        field table, over this model's defaults."""
+        unknown = sorted(k for k in sampling if k not in API_FIELDS or not API_FIELDS[k].sampling)
+        if unknown:
+            raise TypeError(f"unknown sampling settings: {', '.join(unknown)}")
+        checked = {API_FIELDS[k].name: API_FIELDS[k].check(v, k) for k, v in sampling.items() if v is not None}
+        length = API_FIELDS["max_tokens"].check(max_tokens, "max_tokens") if max_tokens is not None else None
+        stops = tuple(API_FIELDS["stop"].check(list(stop), "stop")) if stop is not None else self.defaults.stop
+        return {"max_tokens": length or self.defaults.max_tokens, "stop": stops,
+                "sampling": replace(self.defaults.sampling, **checked)}
 
     def generate(self, prompt: str | list[dict[str, Any]], **options: Any) -> FinalEvent:
         """The whole answer: its text, finish reason, usage and timings."""

@@ -14,9 +14,9 @@ import typer
 import typer.core
 import typer.main
 
-from tallow.cli import settings
 from tallow.cli.errors import guarded
 from tallow.cli.version import version
+from tallow.env import settings
 
 # name -> (module, attribute, one-line help as the command's docstring starts, hidden);
 # tests/test_cli_surface.py holds each line to the command's own docstring

@@ -11,7 +11,7 @@ from typing import Callable
 
 import typer
 
-from tallow.cli import settings
+from tallow.env import settings
 from tallow.models.errors import ModelNotFound, TallowError
 
 EXIT_OK = 0

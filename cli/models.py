@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tallow.cli import settings
+from tallow.env import settings
+from tallow.env.site import cache_site, store
 
 if TYPE_CHECKING:
     from tallow.client.remote_engine import RemoteEngine
@@ -16,12 +16,6 @@ if TYPE_CHECKING:
 
 # Pulling (hub client, HTTP, wheels) is imported when a pull happens: every command
 # imports this module, and `tallow list` or a completion should not pay for it.
-
-
-def store() -> Store:
-    from tallow.models.store import Store
-
-    return Store(settings.models_dir())
 
 
 def pull_options(offline: bool, force: bool = False, mmproj: str | None = None, no_mmproj: bool = False):
@@ -75,12 +69,6 @@ def find_model(text: str, offline: bool, force: bool = False):
     return stored_model(pull_with_progress(found, st, pull_options(offline, force)), st)
 
 
-def prompt_cache():
-    from tallow.runtime.prompt_cache import PromptCache
-
-    return PromptCache(settings.prompt_cache_dir(), settings.cache_max_bytes(), settings.cache_min_tokens())
-
-
 def _say_fit(engine) -> None:
     """The engine's notes on its load: a context shrunk to fit, rounded, or past the trained length."""
     from tallow.cli.render import err_console
@@ -90,10 +78,9 @@ def _say_fit(engine) -> None:
 
 
 def attach_cache(engine, local) -> None:
-    """The prompt cache on disk, keyed by the model file's digest."""
-    from tallow.models.store import file_digest
+    from tallow.runtime.opening import attach_cache as attach
 
-    engine.use_prompt_cache(prompt_cache(), local.sha256 or file_digest(local.path, settings.digest_index()))
+    attach(engine, local, cache_site())
 
 
 def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, disk_cache: bool = True,
@@ -101,7 +88,7 @@ def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, di
                 projector: str = "if-stored", media: set[str] | None = None) -> tuple[str, Generating]:
     """(the name, what answers) for run and chat: the server given with --endpoint
     (`remote`: the parsed endpoints), or the stored model loaded with `load` (None: the
-    defaults of LoadSettings); `projector` and `media` as in with_projector."""
+    defaults of LoadSettings); `projector` and `media` as in runtime/opening.with_projector."""
     if remote:
         return model, remote_engine(remote[0], model, format_, schema, allow_logprobs)
     if load is None:
@@ -109,44 +96,6 @@ def open_engine(model: str, remote, load: LoadSettings | None, offline: bool, di
 
         load = LoadSettings()
     return open_model(model, load, offline=offline, disk_cache=disk_cache, projector=projector, media=media)
-
-
-def with_projector(local, load: LoadSettings, projector: str, media: set[str] | None = None) -> LoadSettings:
-    """The load with the model's projector: --mmproj, else the stored one. `projector`:
-    "if-stored" (chat, serve: a request may hold media), "needed" (`media`, the kinds given:
-    a model without a projector for them is refused here, before anything loads) or "no" (a
-    text-only run skips loading it)."""
-    from dataclasses import replace
-
-    from tallow.models.projector import read_projector
-    from tallow.runtime.media import MediaError, media_noun, missing_encoder
-
-    if projector == "no":
-        return replace(load, mmproj=None)
-    mmproj = load.mmproj or local.mmproj
-    kinds = media or {"image"}
-    if mmproj is None and projector == "needed":
-        raise MediaError(f"{local.name} has no projector: it cannot take {media_noun(kinds)}",
-                         "give its projector with --mmproj PATH, or import the model with one (tallow import --mmproj)")
-    if projector == "needed":
-        facts = read_projector(mmproj)
-        lacking = missing_encoder(kinds, facts.vision, facts.audio)
-        if lacking:
-            raise MediaError(f"{local.name}'s projector {Path(mmproj).name} has no {lacking[0]} encoder: "
-                             f"it cannot take {lacking[1]}")
-    return replace(load, mmproj=mmproj)
-
-
-def with_own_settings(load: LoadSettings, local) -> LoadSettings:
-    """The load with a created model's system prompt, few-shot turns and template (its
-    preset), and its stored adapters before the ones --lora adds (their ids follow)."""
-    from dataclasses import replace
-
-    from tallow.runtime.types import LoraSpec, Persona
-
-    p = local.preset
-    load = load if p is None else replace(load, persona=Persona(p.system, p.messages, p.template))
-    return replace(load, loras=tuple(LoraSpec(a) for a in local.adapters) + load.loras) if local.adapters else load
 
 
 def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logprobs: bool = False) -> RemoteEngine:
@@ -165,13 +114,11 @@ def remote_engine(endpoint, model: str, format_: str | None, schema, allow_logpr
 def open_model(text: str, load: LoadSettings, offline: bool, disk_cache: bool = True,
                projector: str = "if-stored", media: set[str] | None = None) -> tuple[str, Engine]:
     """Return (name, Engine), with the prompt cache on disk attached unless told not to."""
-    from tallow.runtime.engine import Engine
+    from tallow.runtime.opening import open_engine as open_local
 
     local = find_model(text, offline)
-    engine = Engine(local.paths, with_own_settings(with_projector(local, load, projector, media), local))
+    engine = open_local(local, load, cache_site() if disk_cache else None, projector, media)
     _say_fit(engine)
-    if disk_cache:
-        attach_cache(engine, local)
     return local.name, engine
 
 
@@ -179,10 +126,11 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
     """Return (name, Scheduler) for batch and serve: the model found or pulled, loaded for
     `sched` (runtime.scheduler.SchedulerSettings) sequences at once, with the prompt cache on
     disk attached unless told not to."""
+    from tallow.runtime.opening import prepared
     from tallow.runtime.scheduler import Scheduler
 
     local = find_model(text, offline)
-    scheduler = Scheduler.load(local.paths, with_own_settings(with_projector(local, load, "if-stored"), local), sched)
+    scheduler = Scheduler.load(local.paths, prepared(local, load), sched)
     scheduler.engine.digest = local.sha256
     _say_fit(scheduler.engine)
     if disk_cache:

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from tallow.cli.field_flags import option
+
 
 def complete_model(incomplete: str) -> list[str]:
     from tallow.cli.completion import model_names
@@ -42,14 +44,9 @@ def finite(value: float | None) -> float | None:
     return value
 
 
-Temperature = Annotated[float, typer.Option("--temperature", callback=finite, min=0.0, help="Sampling temperature; 0 is greedy and deterministic.")]
-TopK = Annotated[int, typer.Option("--top-k", min=0, help="Keep the K most likely tokens (0: all).")]
-TopP = Annotated[float, typer.Option("--top-p", callback=finite, min=0.0, max=1.0, help="Nucleus sampling: keep tokens up to this cumulative probability.")]
-MinP = Annotated[float, typer.Option("--min-p", callback=finite, min=0.0, max=1.0, help="Drop tokens less likely than this fraction of the most likely one.")]
-RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", callback=finite, min=0.0, help="Penalty for tokens among the last 64 (1.0: off).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", min=0, max=2**32 - 1, help="Random seed; the same seed and prompt give the same answer [default: random].", show_default=False)]
-MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Stop after this many tokens [default: until the context is full].", show_default=False)]
-Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.", show_default=False)]
+# the request fields' flags: their names, ranges and help from the field table (common/fields.py)
+MaxTokens = option("max_tokens")
+Stop = option("stop")
 Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
 Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the model hear this WAV file (repeatable; '-' reads it from stdin); needs a projector with an audio encoder.", show_default=False)]
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
@@ -77,8 +74,8 @@ EndpointKey = Annotated[Optional[str], typer.Option("--api-key", help="With --en
 def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool = False) -> list:
     """The servers --endpoint (or TALLOW_ENDPOINT) names, checked; [] for the local engine.
     Offline, a host that is not this machine is refused before anything connects."""
-    from tallow.cli import settings
     from tallow.client.endpoint import Endpoint
+    from tallow.env import settings
 
     urls = list(urls or []) or settings.endpoints()
     if len(urls) > 1 and not many:
@@ -103,7 +100,7 @@ def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_a
                   type_v: str = "f16"):
     from dataclasses import replace
 
-    from tallow.cli.machine import load_settings as checked_load
+    from tallow.env.machine import load_settings as checked_load
 
     load = checked_load(ctx, threads, parse_gpu_layers(gpu_layers), parse_flash_attn(flash_attn))
     return replace(load, type_k=type_k, type_v=type_v)

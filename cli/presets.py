@@ -6,7 +6,7 @@ place of run's, chat's and batch's flags that were not given; `for_runner` does 
 for one model of `tallow serve` (the flags serve was given, and --model-option's, win);
 the sampling settings without a flag and the stop strings reach requests through
 `sampling_base`, `stops` and the runner's config. The system prompt, few-shot turns and
-template travel in LoadSettings.persona (cli/models.py, `with_own_settings`) and are put around
+template travel in LoadSettings.persona (runtime/opening.py, `with_own_settings`) and are put around
 every conversation by the engine (runtime/template.py, `framed`).
 """
 
@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING, Any, Callable
 import typer
 
 from tallow.common.errors import TallowError
+from tallow.common.fields import FIELDS
 
 if TYPE_CHECKING:
     from tallow.models.preset import Preset
     from tallow.runtime.types import Sampling
     from tallow.serve.config import RunnerConfig
 
-# a preset's parameter -> the flag's parameter in run, chat and batch
-FLAGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-         "repeat_penalty": "repeat_penalty", "seed": "seed", "num_predict": "max_tokens", "stop": "stop",
+# a preset's parameter -> the flag's parameter in run, chat and batch: the request fields'
+# from the field table (each flag's parameter is the field's name), then the load's
+FLAGS = {**{f.on("modelfile"): f.name for f in FIELDS if f.on("modelfile") and f.on("cli")},
          "num_ctx": "ctx", "num_thread": "threads", "num_gpu": "gpu_layers", "cache_type_k": "cache_type_k",
          "cache_type_v": "cache_type_v"}
 # a preset's parameter -> the RunnerConfig field it sets for a served model

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tallow.models.errors import TallowError
-from tallow.models.preset import PARAMETERS, ROLES, Preset, PresetError, check_param
+from tallow.models.preset import ROLES, Preset, PresetError, check_param, repeatable
 
 DIRECTIVES = ("FROM", "PARAMETER", "SYSTEM", "TEMPLATE", "MESSAGE", "ADAPTER", "LICENSE")
 
@@ -62,7 +62,7 @@ def parse(text: str, where: str = "Modelfile") -> Modelfile:
                 checked = check_param(name.lower(), value_of(value, True))
             except PresetError as exc:
                 raise err(exc.message) from None
-            if PARAMETERS[name.lower()].many:
+            if repeatable(name.lower()):
                 params[name.lower()] = params.get(name.lower(), []) + checked
             else:
                 params[name.lower()] = checked

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tallow.common.fields import Field, FieldError, on_surface
 from tallow.models.errors import TallowError
 from tallow.models.memory import KV_TYPES
 
@@ -22,40 +23,37 @@ class PresetError(TallowError):
 
 @dataclass(frozen=True)
 class Param:
-    kind: type  # float, int or str
+    kind: type  # int or str
     low: float | None = None
     high: float | None = None
     choices: tuple[str, ...] = ()
-    many: bool = False  # repeatable: the values form a list (stop)
 
 
-# Every parameter a preset may set, by Ollama's names (and tallow's KV-cache types).
-PARAMETERS: dict[str, Param] = {
-    "temperature": Param(float, 0, 2),
-    "top_k": Param(int, 0, 1_000_000),
-    "top_p": Param(float, 0, 1),
-    "min_p": Param(float, 0, 1),
-    "repeat_penalty": Param(float, 0.01, 10),
-    "repeat_last_n": Param(int, 0, 1_000_000),
-    "frequency_penalty": Param(float, -2, 2),
-    "presence_penalty": Param(float, -2, 2),
-    "seed": Param(int, 0, 2**32 - 1),
-    "stop": Param(str, many=True),
-    "num_predict": Param(int, 1, 2**31),
+# The parameters of the request fields (the field table's Modelfile names: common/fields.py),
+# checked by the table; and the load's, which only a preset or a load sets.
+FIELD_PARAMETERS: dict[str, Field] = on_surface("modelfile")
+LOAD_PARAMETERS: dict[str, Param] = {
     "num_ctx": Param(int, 16, 2**24),
     "num_thread": Param(int, 1, 1024),
     "num_gpu": Param(int, 0, 100_000),
     "cache_type_k": Param(str, choices=KV_TYPES),
     "cache_type_v": Param(str, choices=KV_TYPES),
 }
+PARAMETERS: tuple[str, ...] = (*FIELD_PARAMETERS, *LOAD_PARAMETERS)
 
 # Ollama's parameters that tallow has no mechanism for: refused by name, never ignored.
-NOT_IMPLEMENTED = ("mirostat", "mirostat_eta", "mirostat_tau", "tfs_z", "typical_p", "num_keep", "penalize_newline",
-                   "num_batch", "main_gpu", "use_mmap", "use_mlock", "numa", "low_vram", "vocab_only", "num_gqa", "f16_kv")
+NOT_IMPLEMENTED = ("tfs_z", "num_keep", "penalize_newline", "num_batch", "main_gpu", "use_mmap", "use_mlock", "numa",
+                   "low_vram", "vocab_only", "num_gqa", "f16_kv")
 
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty",
-            "presence_penalty", "seed")  # the parameters that are fields of runtime.types.Sampling, by the same names
+# the parameters that are fields of runtime.types.Sampling: their Modelfile name -> the field's
+SAMPLING = {name: f.name for name, f in FIELD_PARAMETERS.items() if f.sampling}
 ROLES = ("system", "user", "assistant")
+
+
+def repeatable(name: str) -> bool:
+    """Whether the parameter may be given more than once (its values form a list: stop)."""
+    found = FIELD_PARAMETERS.get(name)
+    return found is not None and found.many
 
 
 def check_param(name: Any, value: Any) -> Any:
@@ -65,28 +63,27 @@ def check_param(name: Any, value: Any) -> Any:
         if name in NOT_IMPLEMENTED:
             raise PresetError(f"tallow does not implement the parameter {name}")
         raise PresetError(f"unknown parameter {name!r}: use one of {', '.join(PARAMETERS)}")
-    p = PARAMETERS[name]
-    if p.many and isinstance(value, list):
-        return [check_param(name, v)[0] for v in value]
+    if name in FIELD_PARAMETERS:
+        try:
+            return FIELD_PARAMETERS[name].check(value, name, text=True)
+        except FieldError as exc:
+            raise PresetError(exc.message) from None
+    p = LOAD_PARAMETERS[name]
     try:
         if p.kind is str:
             if not isinstance(value, str) or not value:
                 raise ValueError
             got: Any = value.lower() if p.choices else value
-        elif p.kind is int:
-            got = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value), 10)
         else:
-            got = float(value) if not isinstance(value, bool) else None
-            if got is None or got != got or got in (float("inf"), float("-inf")):
-                raise ValueError
+            got = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value), 10)
     except (TypeError, ValueError):
-        want = {str: "a non-empty text", int: "a whole number", float: "a number"}[p.kind]
+        want = {str: "a non-empty text", int: "a whole number"}[p.kind]
         raise PresetError(f"{name} wants {want}, not {value!r}") from None
     if p.choices and got not in p.choices:
         raise PresetError(f"{name} must be one of {', '.join(p.choices)}, not {value!r}")
     if p.low is not None and p.high is not None and not p.low <= got <= p.high:
         raise PresetError(f"{name} must be between {p.low:g} and {p.high:g}, not {value!r}")
-    return [got] if p.many else got
+    return got
 
 
 @dataclass(frozen=True)
@@ -101,8 +98,8 @@ class Preset:
         return not (self.parameters or self.system is not None or self.template is not None or self.messages)
 
     def sampling(self) -> dict[str, Any]:
-        """The parameters that are sampling settings (runtime.types.Sampling's fields)."""
-        return {k: v for k, v in self.parameters.items() if k in SAMPLING}
+        """The parameters that are sampling settings, by runtime.types.Sampling's field names."""
+        return {SAMPLING[k]: v for k, v in self.parameters.items() if k in SAMPLING}
 
     def over(self, base: Preset) -> Preset:
         """This preset made from `base`: base's settings, with this one's in their place (a

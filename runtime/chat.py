@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Generator
 
 from tallow.common.errors import TallowError
+from tallow.common.fields import Field, on_surface
 from tallow.runtime.errors import ContextOverflow
 from tallow.runtime.protocol import Generating
 from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling, TokenEvent
@@ -40,10 +41,11 @@ def _reported_sum(values) -> int | None:
     return sum(known) if known or not values else None
 
 
-SETTABLE: dict[str, Callable[[str], Any]] = {
-    "temperature": float, "top_k": int, "top_p": float, "min_p": float,
-    "repeat_penalty": float, "seed": int, "max_tokens": int, "draft": _draft, "logprobs": _logprobs,
-}
+# /set's settings: the request fields' (the field table's names on "set", checked by the
+# table), and chat's own
+FIELD_SETTINGS: dict[str, Field] = on_surface("set")
+OWN_SETTINGS: dict[str, Callable[[str], Any]] = {"draft": _draft, "logprobs": _logprobs}
+SETTABLE = (*FIELD_SETTINGS, *OWN_SETTINGS)
 
 
 @dataclass
@@ -179,20 +181,22 @@ class Conversation:
         name = name.replace("-", "_")
         if name not in SETTABLE:
             raise ValueError(f"unknown setting {name!r}; one of: {', '.join(SETTABLE)}")
-        try:
-            parsed = SETTABLE[name](value)
-        except ValueError as exc:
-            if SETTABLE[name] in (_draft, _logprobs):
+        if name in OWN_SETTINGS:
+            try:
+                setattr(self.settings, name, OWN_SETTINGS[name](value))
+            except ValueError as exc:
                 raise ValueError(f"{exc}, not {value!r}" if "'off'" in str(exc) else
                                  f"{name} needs a number or 'off', not {value!r}") from None
-            kind = getattr(SETTABLE[name], "__name__", "value")
-            raise ValueError(f"{name} needs a {kind}, not {value!r}") from None
-        if name == "max_tokens":
-            self.settings.max_tokens = parsed if parsed > 0 else None
-        elif name in ("draft", "logprobs"):
-            setattr(self.settings, name, parsed)
+            return
+        f = FIELD_SETTINGS[name]
+        if f.name == "max_tokens" and value.strip() in ("0", "-1", "off"):  # no limit of the chat's own
+            self.settings.max_tokens = None
+            return
+        parsed = f.check(value, name, text=True)  # FieldError is a ValueError naming the setting
+        if f.name == "max_tokens":
+            self.settings.max_tokens = parsed
         else:
-            self.settings.sampling = replace(self.settings.sampling, **{name: parsed})
+            self.settings.sampling = replace(self.settings.sampling, **{f.name: parsed})
 
     def summary(self) -> dict[str, Any]:
         n = len(self.stats)

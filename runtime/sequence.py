@@ -309,9 +309,9 @@ def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, s
     (DiskPrefixes.points)."""
     request = run.request
     prompt = request.prompt_tokens
-    cached = snap(seq.reusable(prompt), request.media)
+    cached = snap(seq.reusable(prompt), request.media) if request.reuse_cache else 0
     run.usage.cache_source = "memory" if cached else None
-    from_disk = disk is not None and disk.applies(request)
+    from_disk = disk is not None and disk.applies(request) and request.reuse_cache
     if disk is not None and from_disk:
         cached = snap(disk.load_longest(seq, request, cached, run.usage), request.media)
     seq.keep(cached)
@@ -320,7 +320,7 @@ def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, s
     run.usage.cached_tokens = cached
     run.timings.prefill_tokens = len(prompt) - cached
     s = request.sampling
-    if s.penalized:
+    if s.penalized and s.repeat_last_n:  # (a window of 0 looks at nothing; [-0:] would be the whole prompt)
         for t in text_only(prompt)[-s.repeat_last_n:]:
             sampler.accept(t)
     return cached, (disk.points(request, cached) if disk is not None and from_disk else [])

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tallow.common.fields import default
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -83,26 +85,30 @@ class LoadSettings:
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None  # None: a fresh random seed per request
-    frequency_penalty: float = 0.0  # OpenAI's: minus this per earlier occurrence (in the last repeat_last_n)
-    presence_penalty: float = 0.0  # OpenAI's: minus this once for a token already there
-    typical_p: float = 1.0  # locally typical sampling (1: off)
-    mirostat: int = 0  # 1 or 2: Mirostat in place of top-k/top-p/min-p (llama.cpp's); 0: off
-    mirostat_tau: float = 5.0  # its target surprise
-    mirostat_eta: float = 0.1  # its learning rate
+    """A request's sampling settings: the sampling rows of the field table (common/fields.py),
+    which holds their ranges, defaults and help; the test of the table checks the two agree."""
+
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")
+    top_p: float = default("top_p")
+    min_p: float = default("min_p")
+    repeat_penalty: float = default("repeat_penalty")
+    repeat_last_n: int = default("repeat_last_n")
+    seed: int | None = default("seed")  # None: a fresh random seed per request
+    frequency_penalty: float = default("frequency_penalty")
+    presence_penalty: float = default("presence_penalty")
+    typical_p: float = default("typical_p")
+    mirostat: int = default("mirostat")
+    mirostat_tau: float = default("mirostat_tau")
+    mirostat_eta: float = default("mirostat_eta")
 
     @property
     def penalized(self) -> bool:
         return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def resolved_seed(self) -> int:
-        return self.seed if self.seed is not None else random.SystemRandom().randrange(2**32)
+        # llama.cpp's seeds are 32-bit: a wider one (the field table allows 64) is reduced here
+        return self.seed & 0xFFFFFFFF if self.seed is not None else random.SystemRandom().randrange(2**32)
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ class Request:
     starts_in_reasoning: bool = False  # the prompt opened a reasoning block
     cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
+    reuse_cache: bool = True  # False: evaluate the whole prompt, no prefix reused from memory or disk (cache_prompt)
     save_prompt: bool = True  # False: look saved prefixes up but never save this one (a chat keeps its own cache)
     draft: str | None = None  # "lookup": drafts found in the prompt and output; "model": the loaded draft model's
     prediction: tuple[int, ...] = ()  # the answer the client expects (OpenAI's Predicted Outputs): lookup drafts from it

@@ -106,7 +106,7 @@ def test_set_save_and_load(ok_engine, tmp_path):
     assert conv.settings.sampling.temperature == 0.5 and conv.settings.max_tokens == 7
     with pytest.raises(ValueError, match="unknown setting"):
         conv.set("nonsense", "1")
-    with pytest.raises(ValueError, match="needs a int"):
+    with pytest.raises(ValueError, match="top_k wants a whole number"):
         conv.set("top_k", "many")
     turn(conv, "remember me")
     conv.save(tmp_path / "c.json")

@@ -39,7 +39,7 @@ def test_every_command_has_a_one_line_summary_and_an_example(tmp_path):
 
 
 def test_root_help_ends_with_every_setting_and_the_exit_codes(tmp_path):
-    from tallow.cli.settings import REGISTRY
+    from tallow.env.settings import REGISTRY
 
     text = run_tallow(["--help"], home=tmp_path).stdout.decode()
     table = text.split("Environment variables:")[1]

@@ -187,7 +187,7 @@ def test_served_model_takes_its_settings_and_requests_override_them(home):
         assert ol.show("fromapi2").modelfile == shown.modelfile  # the same settings, FROM the same base
         for kwargs, status, words in (
                 (dict(from_="nothing"), 404, "FROM nothing: model 'nothing:latest' not found"),
-                (dict(from_="script", parameters={"mirostat": 1}), 400, "does not implement the parameter mirostat"),
+                (dict(from_="script", parameters={"tfs_z": 1}), 400, "does not implement the parameter tfs_z"),
                 (dict(from_="script", template="{{ .Prompt }}"), 400, "TEMPLATE is an Ollama (Go) template"),
                 (dict(from_="script", quantize="q4_0"), 400, "'quantize': create does not quantize"),
                 (dict(from_=str(home / "script.gguf")), 400, "is a file path; name a stored model"),
@@ -198,3 +198,43 @@ def test_served_model_takes_its_settings_and_requests_override_them(home):
         assert Store(home / "models").get("broken") is None
     finally:
         server.close()
+
+
+API_RUN = r"""
+import json, sys
+from tallow import api
+
+with api.load("letters") as model:
+    final = model.generate("go")
+    print(json.dumps({"text": final.text, "finish": final.finish_reason, "prompt": final.usage.prompt_tokens,
+                      "completion": final.usage.completion_tokens}))
+"""
+
+
+def test_the_python_api_answers_as_tallow_run_does_for_a_created_model(home):
+    import subprocess
+    import sys
+
+    from helpers.processes import tallow_env
+
+    got = subprocess.run([sys.executable, "-c", API_RUN], capture_output=True, text=True, timeout=300,
+                         env=tallow_env(home, {"TALLOW_OFFLINE": "1", "TALLOW_NO_LOG": "1"}))
+    assert got.returncode == 0, got.stderr
+    out, run = json.loads(got.stdout), run_json(home, "letters", "go")
+    # its SYSTEM (the same prompt) and PARAMETERs (greedy, 4 tokens), as `tallow run` uses them
+    assert (out["text"], out["finish"], out["completion"]) == ("abab", "length", 4)
+    assert out["prompt"] == run["usage"]["prompt_tokens"] and out["text"] == run["text"]
+
+
+def test_show_parameters_lists_every_field_with_the_model_s_values(home):
+    r = run_tallow(["show", "letters", "--parameters", "--json"], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    from tallow.common.fields import FIELDS
+
+    assert set(rows) == {f.on("modelfile") for f in FIELDS}
+    assert (rows["temperature"]["value"], rows["temperature"]["source"]) == (0.0, "model")
+    assert (rows["num_predict"]["value"], rows["top_k"]["value"], rows["top_k"]["source"]) == (4, 40, "default")
+    assert rows["mirostat"]["range"] == "0..2" and rows["temperature"]["range"] == "0..2"
+    text = run_tallow(["show", "letters", "--parameters"], home=home).stdout.decode()
+    assert any(line.split()[:3] == ["temperature", "0.0", "model"] for line in text.splitlines()), text

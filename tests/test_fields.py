@@ -1,6 +1,6 @@
 """The field rule on the wire formats, without a server: llama.cpp's `cache_prompt` is
-accepted where it says what tallow does anyway (true) and refused by name where it asks for
-what tallow does not do (false)."""
+taken as llama-server takes it (false: the whole prompt is evaluated anew), and a value of
+the wrong kind is refused by name."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from tallow.wire.request import Limits
 LIMITS = Limits(max_tokens=64, model="m")
 
 
-def test_cache_prompt_true_is_accepted_and_false_refused_by_name():
+def test_cache_prompt_false_skips_the_cache_and_a_non_boolean_is_refused_by_name():
     body = {"messages": [{"role": "user", "content": "hi"}]}
-    assert parse_chat({**body, "cache_prompt": True}, LIMITS).max_tokens == 64
+    assert parse_chat({**body, "cache_prompt": True}, LIMITS).reuse_cache
+    assert parse_chat(body, LIMITS).reuse_cache
+    assert not parse_chat({**body, "cache_prompt": False}, LIMITS).request_kwargs()["reuse_cache"]
     with pytest.raises(APIError) as err:
-        parse_chat({**body, "cache_prompt": False}, LIMITS)
-    assert err.value.param == "cache_prompt" and "cache_prompt" in err.value.message
-    with pytest.raises(APIError):
         parse_completion({"prompt": "hi", "cache_prompt": "yes"}, LIMITS)
+    assert err.value.param == "cache_prompt" and "cache_prompt" in err.value.message
 
 
 def test_a_draft_07_response_format_schema_is_accepted_as_the_same_schema():

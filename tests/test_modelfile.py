@@ -21,6 +21,8 @@ GOOD = [
      "PARAMETER repeat_penalty 1.1\nPARAMETER num_thread 2\nPARAMETER num_gpu 0",
      dict(parameters={"num_ctx": 2048, "num_predict": 64, "seed": 7, "repeat_last_n": 32, "repeat_penalty": 1.1,
                       "num_thread": 2, "num_gpu": 0})),
+    ("FROM m\nPARAMETER typical_p 0.9\nPARAMETER mirostat 2\nPARAMETER mirostat_tau 4\nPARAMETER mirostat_eta 0.2",
+     dict(parameters={"typical_p": 0.9, "mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2})),
     ("FROM m\nPARAMETER stop <|im_end|>\nPARAMETER stop \"User:\"\nPARAMETER stop \"\"\"a b\"\"\"",
      dict(parameters={"stop": ["<|im_end|>", "User:", "a b"]})),
     ("FROM m\nPARAMETER cache_type_k Q8_0\nPARAMETER cache_type_v q4_0",
@@ -46,7 +48,7 @@ BAD = [
     # (Modelfile, the line named, words the message holds)
     ("FROM m\nPARAMETR temperature 1", 2, "unknown directive 'PARAMETR'"),
     ("FROM m\n\nPARAMETER tempreature 1", 3, "unknown parameter 'tempreature'"),
-    ("FROM m\nPARAMETER mirostat 1", 2, "does not implement the parameter mirostat"),
+    ("FROM m\nPARAMETER tfs_z 1", 2, "does not implement the parameter tfs_z"),
     ("FROM m\nPARAMETER temperature warm", 2, "temperature wants a number, not 'warm'"),
     ("FROM m\nPARAMETER top_k 2.5", 2, "top_k wants a whole number"),
     ("FROM m\nPARAMETER top_p 3", 2, "top_p must be between 0 and 1"),

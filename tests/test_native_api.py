@@ -139,3 +139,21 @@ def test_infill_on_a_model_with_fim_tokens_and_not_without(server, tmp_path):
         assert with_start["content"] == "xy"
     finally:
         fim.close()
+
+
+def test_llama_server_clients_the_rest_of_the_way(server):
+    """What llama-server answers and its clients read: bare /completions is the native API,
+    cache_prompt false evaluates the whole prompt, the answer always has `tokens` and its
+    timings `cache_n`, and the /v1 answers carry llama.cpp's timing names too."""
+    body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+    _, first = call(server, "/completion", body)
+    status, bare = call(server, "/completions", body)
+    assert status == 200 and bare["content"] == first["content"] and "choices" not in bare
+    assert bare["tokens"] == [] and bare["timings"]["cache_n"] == bare["tokens_cached"] > 0
+    _, fresh = call(server, "/completion", {**body, "cache_prompt": False})
+    assert fresh["tokens_cached"] == 0 and fresh["timings"]["cache_n"] == 0 and fresh["content"] == first["content"]
+    assert fresh["timings"]["prompt_n"] == fresh["tokens_evaluated"]
+    _, v1 = call(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    t = v1["timings"]
+    assert t["predicted_n"] == v1["usage"]["completion_tokens"] and t["predicted_per_second"] > 0 and "cache_n" in t
+    assert t["ttft_ms"] > 0  # tallow's own names stay

@@ -55,7 +55,7 @@ def test_help_and_version_never_import_llama_cpp():
 
 
 def test_root_help_lists_every_environment_variable():
-    from tallow.cli.settings import REGISTRY
+    from tallow.env.settings import REGISTRY
 
     r = subprocess.run([sys.executable, "-m", "tallow.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0

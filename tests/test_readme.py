@@ -25,3 +25,11 @@ def test_command_reference_is_current():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert section(readme), "the README has lost its reference markers"
     assert section(readme) == render(), "regenerate with: python -m tallow.cli.reference README.md"
+
+
+def test_parameter_reference_is_the_field_table():
+    from tallow.cli.reference import PARAM_BEGIN, PARAM_END, render_parameters, section
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert section(readme, PARAM_BEGIN, PARAM_END) == render_parameters(), \
+        "regenerate with: python -m tallow.cli.reference README.md"

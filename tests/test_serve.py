@@ -201,6 +201,15 @@ def test_api_key_required_and_refused(synth_model, tmp_path):
         assert s.raw("/v1/models", headers={"x-api-key": "nope"})[0] == 401
         _, headers, _ = s.raw("/v1/models", headers={"Authorization": "Bearer s3cret", "Origin": "http://app.example"})
         assert headers["Access-Control-Allow-Origin"] == "http://app.example"
+        # a browser's preflight for the OpenAI JavaScript SDK, which sends its own x-stainless-* headers
+        asked = "authorization, content-type, x-stainless-os, x-stainless-retry-count"
+        pre = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": asked}
+        status, headers, _ = s.raw("/v1/chat/completions", headers=pre, method="OPTIONS")
+        assert status == 200 and "x-stainless-retry-count" in headers["Access-Control-Allow-Headers"].lower()
+        status, _, _ = s.raw("/v1/chat/completions", headers={**pre, "Origin": "http://elsewhere.example"},
+                             method="OPTIONS")
+        assert status == 400  # another origin is not allowed, whatever it asks for
     finally:
         s.close()
 

@@ -18,9 +18,11 @@ from tallow.wire.fields import (
     APIError,
     check_fields,
     draft_field,
+    field_names,
     flag,
     joined_text,
     number,
+    requested_tokens,
     sampling,
     stops,
     tool_choice,
@@ -29,8 +31,8 @@ from tallow.wire.fields import (
 from tallow.wire.media_parts import Fetch, anthropic_block
 from tallow.wire.request import Limits, Parsed, generation
 
-FIELDS = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "tools", "tool_choice", "thinking", "draft", "seed"}
+FIELDS = field_names("anthropic") | {"model", "messages", "system", "stream", "tools", "tool_choice", "thinking",
+                                     "draft"}
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
@@ -135,7 +137,7 @@ def _thinking(body: dict[str, Any], max_tokens: int | None, default: int | None 
 def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     check_fields(body, FIELDS, "/v1/messages")
     limits.check_model(body.get("model"))
-    requested = number(body, "max_tokens", 1, 2**31, None, integer=True)
+    requested = requested_tokens(body, "anthropic")
     if requested is None:
         raise APIError("'max_tokens' is required", param="max_tokens")
     thinking, budget = _thinking(body, requested, limits.reasoning_budget)
@@ -143,8 +145,8 @@ def parse(body: dict[str, Any], limits: Limits) -> Parsed:
     choice = tool_choice(tools, body.get("tool_choice"), True, limits.tool_format, "anthropic")
     draft = draft_field(body)
     messages = messages_of(body, limits.fetch)
-    return Parsed(messages=messages, prompt=None, max_tokens=min(requested, limits.max_tokens), generation=generation(messages),
-                  stop=stops(body.get("stop_sequences"), "stop_sequences", 16, limits.stop), sampling=sampling(body, limits.sampling),
+    return Parsed(messages=messages, prompt=None, max_tokens=limits.clamp(requested), generation=generation(messages),
+                  stop=stops(body.get("stop_sequences"), "stop_sequences", 16, limits.stop), sampling=sampling(body, limits.sampling, "anthropic"),
                   stream=flag(body, "stream"), include_usage=True, logprobs=None, json_format=False, schema=None,
                   draft=draft, tools=choice, extra={"thinking": thinking}, reasoning_budget=budget)
 

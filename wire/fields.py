@@ -14,6 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from tallow.common.errors import TallowError
+from tallow.common.fields import BY_NAME, Field, FieldError, on_surface
+from tallow.common.fields import SAMPLING as SAMPLING_FIELDS
 from tallow.runtime.grammar import Schema
 from tallow.runtime.media import MARKER
 from tallow.runtime.tools.choice import Tool, ToolChoice
@@ -161,34 +163,46 @@ def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("t
 
 
 TALLOW_SAMPLING = Sampling()
+def table_value(body: dict, f: Field, surface: str, prefix: str = "") -> Any:
+    """Field `f` as the body gives it under its names on `surface` (aliases that disagree are
+    refused), checked by the table; None when the body leaves it out."""
+    given = [(n, body[n]) for n in f.names.get(surface, ())
+             if body.get(n) is not None and (isinstance(body[n], bool) or body[n] not in f.unset.get(n, ()))]
+    if len({json.dumps(v) for _, v in given}) > 1:
+        raise APIError(f"{' and '.join(repr(prefix + n) for n, _ in given)} are one setting: give one",
+                       param=prefix + given[-1][0])
+    if not given:
+        return None
+    name, value = given[0]
+    try:
+        return f.check(value, f"'{prefix}{name}'")
+    except FieldError as exc:
+        raise APIError(exc.message, param=prefix + name) from None
 
 
-def sampling(body: dict, defaults: Sampling = TALLOW_SAMPLING) -> Sampling:
-    """Sampling settings from the fields every route shares; what the client leaves out comes
-    from `defaults` (the server's: tallow's, as llama.cpp's server, or a created model's)."""
-    d = defaults
-    seed = number(body, "seed", -(2**63), 2**64 - 1, None, integer=True)
-    if seed is None:
-        seed = d.seed
-    repeat = number(body, "repeat_penalty", 0.01, 10, None)
-    alias = number(body, "repetition_penalty", 0.01, 10, None)  # vLLM's and Hugging Face's name for it
-    if repeat is not None and alias is not None and repeat != alias:
-        raise APIError("'repeat_penalty' and 'repetition_penalty' are one setting: give one", param="repetition_penalty")
-    return replace(
-        d,
-        temperature=number(body, "temperature", 0, 2, d.temperature),
-        top_p=number(body, "top_p", 0, 1, d.top_p),
-        top_k=number(body, "top_k", 0, 1_000_000, d.top_k, integer=True),
-        min_p=number(body, "min_p", 0, 1, d.min_p),
-        typical_p=number(body, "typical_p", 0, 1, d.typical_p),
-        mirostat=number(body, "mirostat", 0, 2, d.mirostat, integer=True),
-        mirostat_tau=number(body, "mirostat_tau", 0, 100, d.mirostat_tau),
-        mirostat_eta=number(body, "mirostat_eta", 0, 1, d.mirostat_eta),
-        repeat_penalty=repeat if repeat is not None else alias if alias is not None else d.repeat_penalty,
-        frequency_penalty=number(body, "frequency_penalty", -2, 2, d.frequency_penalty),
-        presence_penalty=number(body, "presence_penalty", -2, 2, d.presence_penalty),
-        seed=None if seed is None else seed & 0xFFFFFFFF,  # llama.cpp's seeds are 32-bit
-    )
+def sampling(body: dict, defaults: Sampling = TALLOW_SAMPLING, surface: str = "openai", prefix: str = "") -> Sampling:
+    """Sampling settings from the body's sampling fields, by their names on `surface` (the
+    field table, common/fields.py); what the client leaves out comes from `defaults` (the
+    server's: tallow's, as llama.cpp's server, or a created model's)."""
+    changes = {}
+    for f in SAMPLING_FIELDS:
+        value = table_value(body, f, surface, prefix)
+        if value is not None:
+            changes[f.name] = value
+    if changes.get("seed") is not None:
+        changes["seed"] &= 0xFFFFFFFF  # llama.cpp's seeds are 32-bit
+    return replace(defaults, **changes)
+
+
+def requested_tokens(body: dict, surface: str, prefix: str = "") -> int | None:
+    """The answer's length the body asks for under its names on `surface`; None where it
+    gives none (or a surface's own "no limit")."""
+    return table_value(body, BY_NAME["max_tokens"], surface, prefix)
+
+
+def field_names(surface: str) -> set[str]:
+    """Every name the field table gives a field on `surface`: the fields its parser takes."""
+    return set(on_surface(surface))
 
 
 def stops(value: Any, name: str = "stop", most: int = 4, default: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -15,21 +15,21 @@ import time
 from typing import Any
 
 from tallow.runtime.types import FinalEvent, TokenEvent
-from tallow.wire.fields import APIError, check_fields, flag, number
+from tallow.wire.fields import APIError, check_fields, field_names, flag, number, requested_tokens, sampling, stops
 from tallow.wire.openai_api import parse_completion
-from tallow.wire.request import Limits, Parsed
+from tallow.wire.request import Limits, Parsed, llama_timings
 
+# The request fields (the field table's names on this API), read from the body itself.
+TABLE = field_names("llamacpp")
 # Passed on as /v1/completions takes them (the names are the same there).
-SAME = {"model", "stream", "stop", "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-        "presence_penalty", "frequency_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "grammar", "json_schema",
-        "ignore_eos", "cache_prompt", "id_slot", "lora", "draft"}
-OWN = {"prompt", "n_predict", "seed", "logit_bias", "n_probs", "slot_id", "return_tokens", "timings_per_token",
-       "return_progress", "samplers"}
+SAME = {"model", "stream", "grammar", "json_schema", "ignore_eos", "cache_prompt", "id_slot", "lora", "draft"}
+OWN = {"prompt", "logit_bias", "n_probs", "slot_id", "return_tokens", "timings_per_token", "return_progress",
+       "samplers"}
 # llama.cpp's settings tallow has no such thing for: accepted at their default, refused otherwise
 DEFAULTS: dict[str, Any] = {"dynatemp_range": 0, "dynatemp_exponent": 1, "dry_multiplier": 0, "dry_base": 1.75,
                             "dry_allowed_length": 2, "dry_penalty_last_n": -1, "dry_sequence_breakers": None,
                             "xtc_probability": 0, "xtc_threshold": 0.1, "n_keep": 0, "n_indent": 0, "min_keep": 0,
-                            "t_max_predict_ms": 0, "post_sampling_probs": False, "repeat_last_n": 64, "tfs_z": 1,
+                            "t_max_predict_ms": 0, "post_sampling_probs": False, "tfs_z": 1,
                             "penalize_nl": False, "n_discard": 0, "typical": None, "image_data": None,
                             "response_fields": None, "top_n_sigma": -1}
 INFILL = {"input_prefix", "input_suffix", "input_extra"}
@@ -38,7 +38,7 @@ SAMPLERS = ("penalties", "top_k", "typ_p", "top_p", "min_p", "temperature")  # t
 
 def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> Parsed:
     """A /completion (or /infill) body as the request /v1/completions would make of it."""
-    check_fields(body, SAME | OWN | set(DEFAULTS) | (INFILL if route == "/infill" else set()), route)
+    check_fields(body, TABLE | SAME | OWN | set(DEFAULTS) | (INFILL if route == "/infill" else set()), route)
     for name, default in DEFAULTS.items():
         value = body.get(name)
         if value is not None and value != default and not (name == "n_keep" and value == -1):
@@ -48,15 +48,9 @@ def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> P
     prompt = body.get("prompt", "" if route == "/infill" else None)
     mixed = _prompt(prompt, route)
     openai = {k: v for k, v in body.items() if k in SAME and v is not None}
-    predict = number(body, "n_predict", -1, 2**31, None, integer=True)
-    if predict is not None and predict > 0:
-        openai["max_tokens"] = predict
     probs = number(body, "n_probs", 0, 20, 0, integer=True)
     if probs:
         openai["logprobs"] = probs
-    seed = number(body, "seed", -1, 2**32 - 1, None, integer=True)
-    if seed is not None and seed >= 0:  # llama.cpp's -1 is a random seed
-        openai["seed"] = seed
     if body.get("logit_bias") is not None:
         openai["logit_bias"] = _bias(body["logit_bias"])
     # checked whole here (a mixed list, or /infill's empty prompt, is tokenized by the route)
@@ -67,9 +61,12 @@ def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> P
     try:
         parsed = parse_completion(openai, limits)
     except APIError as exc:
-        if exc.param in ("max_tokens", "logprobs"):
-            exc.param = {"max_tokens": "n_predict", "logprobs": "n_probs"}[exc.param]
+        if exc.param == "logprobs":
+            exc.param = "n_probs"
         raise
+    parsed.max_tokens = limits.clamp(requested_tokens(body, "llamacpp"))
+    parsed.stop = stops(body.get("stop"), default=limits.stop)
+    parsed.sampling = sampling(body, limits.sampling, "llamacpp")
     parsed.prompt = mixed
     parsed.extra = {"native": True, "n_probs": probs, "return_tokens": flag(body, "return_tokens"),
                     "timings_per_token": flag(body, "timings_per_token"), "return_progress": flag(body, "return_progress")}
@@ -206,10 +203,9 @@ class NativeAdapter:
             "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens or 0,
             "tokens_cached": (u.cached_tokens or 0), "prompt": self.prompt_text, "has_new_line": "\n" in final.text,
             "truncated": False, "stop_type": stop_type, "stopping_word": final.stop_sequence or "",
-            "generation_settings": self.settings(), "timings": timings(t),
+            "generation_settings": self.settings(), "timings": llama_timings(t, u.cached_tokens),
+            "tokens": self.ids if self.extra["return_tokens"] else [],  # llama-server always sends the key
         }
-        if self.extra["return_tokens"]:
-            out["tokens"] = self.ids
         if self.extra["n_probs"]:
             out["completion_probabilities"] = self.probs
         return out
@@ -223,15 +219,3 @@ class NativeAdapter:
                 "mirostat": s.mirostat, "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta,
                 "stop": list(p.stop), "ignore_eos": p.ignore_eos, "n_probs": p.extra["n_probs"],
                 "grammar": p.grammar or "", "samplers": list(SAMPLERS)}
-
-
-def timings(t) -> dict[str, float]:
-    """llama.cpp's timings object, from tallow's own measurements."""
-    def per(n: int, ms: float) -> tuple[float, float]:
-        return (round(ms / n, 3) if n else 0.0), (round(n / ms * 1000, 3) if ms > 0 else 0.0)
-
-    prompt_per_token, prompt_per_second = per(t.prefill_tokens, t.prefill_ms)
-    predicted_per_token, predicted_per_second = per(t.decode_tokens, t.decode_ms)
-    return {"prompt_n": t.prefill_tokens, "prompt_ms": round(t.prefill_ms, 3), "prompt_per_token_ms": prompt_per_token,
-            "prompt_per_second": prompt_per_second, "predicted_n": t.decode_tokens, "predicted_ms": round(t.decode_ms, 3),
-            "predicted_per_token_ms": predicted_per_token, "predicted_per_second": predicted_per_second}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tallow.runtime.grammar import Schema
@@ -21,9 +21,11 @@ from tallow.wire.fields import (
     APIError,
     check_fields,
     effort_budget,
+    field_names,
     flag,
     joined_text,
     number,
+    requested_tokens,
     sampling,
     schema_of,
     stops,
@@ -37,9 +39,8 @@ CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "kee
                "top_logprobs"}
 GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "images",
                    "options", "keep_alive", "think", "logprobs", "top_logprobs"}
-SAMPLING_OPTIONS = {"temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty",
-                    "frequency_penalty", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta"}
-OPTIONS = SAMPLING_OPTIONS | {"num_ctx", "num_predict", "stop", "repeat_last_n", "num_thread", "num_gpu"}
+# the request fields' options (the field table's names), and the load options checked against the load
+OPTIONS = field_names("ollama") | {"num_ctx", "num_thread", "num_gpu"}
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}  # others pass as they are
 
 
@@ -73,16 +74,11 @@ def _options(body: dict, limits: Limits, loaded: Loaded) -> dict[str, Any]:
         if want is not None and want != have:
             raise APIError(f"'options.{name}' is {want}, but this model is loaded with {have}; it is set when the "
                            f"model loads: start tallow serve with {flag_name}", param=f"options.{name}")
-    predict = number(opts, "num_predict", -2, 2**31, None, integer=True)
-    if predict is not None and predict <= 0 and predict not in (-1, -2):
-        raise APIError("'options.num_predict' must be a positive count, -1 (no limit) or -2 (fill the context)",
-                       param="options.num_predict")
-    if predict is None or predict < 0:
-        predict = limits.default_max_tokens or limits.max_tokens
-    picked = sampling({k: opts[k] for k in SAMPLING_OPTIONS if k in opts}, limits.sampling)
-    last_n = number(opts, "repeat_last_n", -1, 2**20, picked.repeat_last_n, integer=True)
-    picked = replace(picked, repeat_last_n=loaded.capacity if last_n == -1 else last_n)
-    return {"max_tokens": min(predict, limits.max_tokens), "sampling": picked,
+    last_n = opts.get("repeat_last_n")
+    if last_n == -1 and not isinstance(last_n, bool):  # Ollama's "the whole context"
+        opts = {**opts, "repeat_last_n": loaded.capacity}
+    return {"max_tokens": limits.clamp(requested_tokens(opts, "ollama", "options.")),
+            "sampling": sampling(opts, limits.sampling, "ollama", "options."),
             "stop": stops(opts.get("stop"), "options.stop", 16, limits.stop)}
 
 

@@ -19,12 +19,14 @@ from tallow.wire.fields import (
     APIError,
     check_fields,
     draft_field,
+    field_names,
     flag,
     joined_text,
     logit_bias,
     lora_scales,
     number,
     reasoning_budget,
+    requested_tokens,
     sampling,
     schema_of,
     stops,
@@ -35,44 +37,37 @@ from tallow.wire.fields import (
 from tallow.wire.legacy_functions import delta as legacy_delta
 from tallow.wire.legacy_functions import modernize, whole_message
 from tallow.wire.media_parts import Fetch, openai_part, reader
-from tallow.wire.request import Limits, Parsed, generation, template_kwargs
+from tallow.wire.request import Limits, Parsed, generation, llama_timings, template_kwargs
 
-SHARED_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-                 "repeat_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
-                 "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
-                 "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget",
-                 # llama.cpp's and vLLM's names (wire/fields.sampling), and what they mean here (_common)
-                 "n_predict", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "repetition_penalty", "id_slot",
-                 "verbosity", "prediction",
-                 # llama.cpp's stream extras: every answer already carries its timings, and the
-                 # prompt's progress is not streamed; neither changes the answer
-                 "timings_per_token", "return_progress"}
+SHARED_FIELDS = field_names("openai") | {
+    "model", "stream", "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
+    "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget", "id_slot", "verbosity",
+    "prediction",
+    # llama.cpp's stream extras: every answer already carries its timings, and the
+    # prompt's progress is not streamed; neither changes the answer
+    "timings_per_token", "return_progress"}
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                                "continue_final_message", "add_generation_prompt", "chat_template_kwargs"}
 COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
 
 
-MOST_CHOICES = 16  # n: answers from one prompt, each a fork of its cells
+MOST_CHOICES = 16
+
+
+def answer_timings(final: FinalEvent) -> dict[str, Any]:
+    """tallow's timings, with llama.cpp's names beside them (prompt_per_second, cache_n, ...)."""
+    return {**final.timings.summary(), **llama_timings(final.timings, final.usage.cached_tokens)}  # n: answers from one prompt, each a fork of its cells
 
 
 def _common(body: dict, limits: Limits) -> dict[str, Any]:
     limits.check_model(body.get("model"))
-    max_tokens = number(body, "max_completion_tokens", 1, 2**31, None, integer=True)
-    if max_tokens is None:
-        max_tokens = number(body, "max_tokens", 1, 2**31, None, integer=True)
-    predict = number(body, "n_predict", -1, 2**31, None, integer=True)  # llama.cpp's: -1 is no limit of its own
-    if predict is not None and max_tokens is not None and predict not in (-1, max_tokens):
-        raise APIError("'n_predict' and 'max_tokens' are one setting: give one", param="n_predict")
-    if max_tokens is None and predict not in (None, -1, 0):
-        max_tokens = predict
-    if predict == 0:
-        raise APIError("'n_predict' must be -1 (up to the server's limit) or at least 1", param="n_predict")
+    max_tokens = requested_tokens(body, "openai")
     number(body, "id_slot", -1, 2**31, None, integer=True)  # llama.cpp's slot choice: tallow's scheduler picks
     # the slot whose cache holds the longest prefix of the prompt, which is what pinning one is for
     if body.get("verbosity") not in (None, "medium"):
         raise APIError("'verbosity' can only be 'medium': tallow does not shape an answer's length by it; "
                        "use max_tokens or the prompt", param="verbosity")
-    max_tokens = min(max_tokens or limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
+    max_tokens = limits.clamp(max_tokens)
     stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -81,14 +76,14 @@ def _common(body: dict, limits: Limits) -> dict[str, Any]:
     json_format, schema = _response_format(body.get("response_format"))
     if body.get("json_schema") is not None:  # llama.cpp's extension
         json_format, schema = True, schema_of(body["json_schema"], "json_schema")
-    if body.get("cache_prompt") not in (None, True):  # llama.cpp's: tallow always reuses a cached prefix
-        raise APIError("'cache_prompt' can only be true: tallow always reuses the cached prefix of a prompt",
-                       param="cache_prompt")
+    # llama.cpp's cache_prompt (default true): false evaluates the whole prompt, reusing no cached prefix
+    reuse_cache = body.get("cache_prompt") is None or flag(body, "cache_prompt")
     draft = draft_field(body)
     prediction = _prediction(body.get("prediction"))
     if prediction is not None and draft not in (None, "lookup"):
         raise APIError("'prediction' drafts from the predicted text: it cannot go with a draft model", param="prediction")
     return {"draft": "lookup" if prediction is not None else draft, "prediction": prediction, "save_prompt": flag(body, "save_prompt"), "max_tokens": max_tokens,
+            "reuse_cache": reuse_cache,
             "n": number(body, "n", 1, MOST_CHOICES, 1, integer=True),
             "stop": stops(body.get("stop"), default=limits.stop), "sampling": sampling(body, limits.sampling), "stream": stream,
             "include_usage": include_usage, "json_format": json_format, "schema": schema,
@@ -373,7 +368,7 @@ class Shaper:
             choice = {"index": self.index, "text": self.echo + final.text, "logprobs": self._logprobs_of(self.entries),
                       "finish_reason": final.finish_reason}
             out = self._base("text_completion")
-        out.update(choices=[choice], usage=usage(final), timings=final.timings.summary())
+        out.update(choices=[choice], usage=usage(final), timings=answer_timings(final))
         return out
 
     def chunk(self, text: str = "", reasoning: str = "", finish: str | None = None, first: bool = False,
@@ -421,5 +416,5 @@ class Shaper:
 
     def usage_chunk(self, final: FinalEvent) -> dict[str, Any]:
         out = self._base("chat.completion.chunk" if self.chat else "text_completion")
-        out.update(choices=[], usage=usage(final), timings=final.timings.summary())
+        out.update(choices=[], usage=usage(final), timings=answer_timings(final))
         return out

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from tallow.runtime.grammar import Schema
 from tallow.runtime.tools.choice import ToolChoice
-from tallow.runtime.types import Sampling
+from tallow.runtime.types import Sampling, Timings
 from tallow.wire.fields import APIError
 
 
@@ -31,6 +31,11 @@ class Limits:
     def names(self) -> set[str]:
         base = self.model.removesuffix(":latest")
         return {self.model, base, base + ":latest", "tallow", *self.aliases}
+
+    def clamp(self, requested: int | None) -> int:
+        """A request's answer length: what it asked for (None: the server's default, else the
+        limit), never more than the limit. The one place a length is defaulted and clamped."""
+        return min(requested or self.default_max_tokens or self.max_tokens, self.max_tokens)
 
     def check_model(self, model: Any) -> None:
         if model is not None and (not isinstance(model, str) or model not in self.names()):
@@ -56,6 +61,7 @@ class Parsed:
     ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
     draft: str | None = None  # tallow's extension: "lookup" drafts (speculative decoding)
     save_prompt: bool = False  # tallow's extension: keep the whole prompt in the disk prompt cache
+    reuse_cache: bool = True  # llama.cpp's cache_prompt: false evaluates the whole prompt anew
     tools: ToolChoice | None = None
     grammar: str | None = None  # llama.cpp's extension: GBNF constraining the answer
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -70,6 +76,7 @@ class Parsed:
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
                 "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
+                "reuse_cache": self.reuse_cache,
                 "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget,
                 **({"generation": self.generation, "template_kwargs": self.template_kwargs}
                    if self.messages is not None else {})}
@@ -111,3 +118,17 @@ def template_kwargs(value: Any) -> dict[str, Any] | None:
         raise APIError(f"'chat_template_kwargs' cannot set {taken[0]!r}: tallow gives the template that itself",
                        param="chat_template_kwargs")
     return value
+
+
+def llama_timings(t: Timings, cached: int | None) -> dict[str, float]:
+    """llama.cpp's timings object, from tallow's own measurements: on /completion, and beside
+    tallow's own keys on the /v1 answers (the UIs made for llama-server show tokens/s from it)."""
+    def per(n: int, ms: float) -> tuple[float, float]:
+        return (round(ms / n, 3) if n else 0.0), (round(n / ms * 1000, 3) if ms > 0 else 0.0)
+
+    prompt_per_token, prompt_per_second = per(t.prefill_tokens, t.prefill_ms)
+    predicted_per_token, predicted_per_second = per(t.decode_tokens, t.decode_ms)
+    return {"cache_n": cached or 0, "prompt_n": t.prefill_tokens, "prompt_ms": round(t.prefill_ms, 3),
+            "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
+            "predicted_n": t.decode_tokens, "predicted_ms": round(t.decode_ms, 3),
+            "predicted_per_token_ms": predicted_per_token, "predicted_per_second": predicted_per_second}

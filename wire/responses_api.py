@@ -20,11 +20,12 @@ from tallow.wire.fields import (
     APIError,
     check_fields,
     draft_field,
+    field_names,
     flag,
     joined_text,
     logit_bias,
-    number,
     reasoning_budget,
+    requested_tokens,
     sampling,
     schema_of,
     stops,
@@ -35,8 +36,8 @@ from tallow.wire.fields import (
 from tallow.wire.media_parts import Fetch, openai_part, reader
 from tallow.wire.request import Limits, Parsed
 
-FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
-          "temperature", "top_p", "top_k", "min_p", "seed", "stop", "text", "reasoning", "stream", "store",
+FIELDS = field_names("responses") | {
+          "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store",
           "previous_response_id", "include", "truncation", "draft", "logit_bias", "stream_options", "reasoning_budget"}
 
 
@@ -120,14 +121,13 @@ def parse(body: dict[str, Any], limits: Limits, previous: list[dict[str, Any]] |
         raise APIError(f"'include' {include!r} is not supported", param="include")
     if body.get("truncation") not in (None, "disabled"):
         raise APIError("'truncation' must be \"disabled\": tallow never drops input silently", param="truncation")
-    max_tokens = number(body, "max_output_tokens", 1, 2**31, None, integer=True)
-    max_tokens = min(max_tokens or limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
+    max_tokens = limits.clamp(requested_tokens(body, "responses"))
     draft = draft_field(body)
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise APIError("'store' must be true or false", param="store")
     return Parsed(messages=messages, prompt=None, max_tokens=max_tokens, stop=stops(body.get("stop"), default=limits.stop),
-                  sampling=sampling(body, limits.sampling), stream=flag(body, "stream"), include_usage=True,
+                  sampling=sampling(body, limits.sampling, "responses"), stream=flag(body, "stream"), include_usage=True,
                   logprobs=None, json_format=json_format, schema=schema, draft=draft, tools=choice,
                   logit_bias=logit_bias(body.get("logit_bias"), limits.n_vocab), reasoning_budget=budget,
                   extra={"instructions": instructions, "store": store, "text": body.get("text"),

@@ -11,10 +11,11 @@ from typing import Callable, Iterator, Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import presets, settings
+from tallow.cli import presets
 from tallow.cli.models import open_scheduler
 from tallow.cli.render import animated, err_console
 from tallow.common.errors import TallowError
+from tallow.env import settings
 
 
 @presets.with_preset

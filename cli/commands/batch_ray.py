@@ -12,10 +12,10 @@ from tallow.cli.ray_connect import SHIP_MAX, RayOptions, actor_count, connect, i
 def run_on_ray(opts: RayOptions, local, load, sched, limits, forced_format, fleet_settings, input: Path, out,
                previous, total: int, progress):
     """Answer the batch on the cluster; (the fleet's stats, the pool's stats)."""
-    from tallow.cli.models import with_own_settings, with_projector
+    from tallow.runtime.opening import prepared
 
     ray = import_ray(opts.address)
-    load = node_load(with_own_settings(with_projector(local, load, "if-stored"), local), opts.cpus_per_actor)
+    load = node_load(prepared(local, load), opts.cpus_per_actor)
     connect(ray, opts.address)
     try:
         return _run(ray, opts, local, load, sched, limits, forced_format, fleet_settings, input, out, previous,

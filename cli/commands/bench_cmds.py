@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
 from tallow.cli.models import find_model
 from tallow.cli.render import animated, emit_rows, err_console, human_bytes, human_count
+from tallow.env import settings
 
 FORMATS = ("table", "json", "jsonl", "csv", "md")
 if TYPE_CHECKING:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime
+from typing import Any
 
 import typer
 
 from tallow.cli import options as o
 from tallow.cli.errors import guarded
-from tallow.cli.models import prompt_cache
 from tallow.cli.render import err_console, human_bytes
+from tallow.env.site import prompt_cache
 
 cache_app = typer.Typer(help="The prompt cache on disk: KV states of prompt prefixes.", no_args_is_help=True)
 
@@ -22,7 +23,7 @@ def ls(as_json: o.JsonList = False) -> None:
     Example: tallow cache ls
     """
     entries = sorted(prompt_cache().entries(), key=lambda e: -e.last_used)
-    rows = [{"key": e.key, "fingerprint": e.fingerprint, "tokens": len(e.tokens), "bytes": e.size,
+    rows: list[dict[str, Any]] = [{"key": e.key, "fingerprint": e.fingerprint, "tokens": len(e.tokens), "bytes": e.size,
              "last_used": datetime.fromtimestamp(e.last_used).isoformat(timespec="seconds")} for e in entries]
     if as_json:
         sys.stdout.write(json.dumps(rows) + "\n")

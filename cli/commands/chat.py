@@ -7,15 +7,15 @@ import sys
 from dataclasses import replace
 
 from tallow.cli import options as o
-from tallow.cli import presets, settings
+from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
+from tallow.cli.field_flags import with_sampling_flags
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, out_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
+from tallow.env import settings
 from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
-from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling
-
-DEFAULT = Sampling()  # the sampling defaults, defined once (runtime/types.py); the options show them
+from tallow.runtime.types import FinalEvent, NoticeEvent
 
 HELP = """commands:
   /help                 this list
@@ -35,15 +35,11 @@ _SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @presets.with_preset
+@with_sampling_flags
 def chat(
     model: o.Model,
     system: o.System = None,
-    temperature: o.Temperature = DEFAULT.temperature,
-    top_k: o.TopK = DEFAULT.top_k,
-    top_p: o.TopP = DEFAULT.top_p,
-    min_p: o.MinP = DEFAULT.min_p,
-    repeat_penalty: o.RepeatPenalty = DEFAULT.repeat_penalty,
-    seed: o.Seed = None,
+    sampling_flags: dict | None = None,  # a flag for each sampling field of the table (cli/field_flags.py)
     max_tokens: o.MaxTokens = None,
     stop: o.Stop = None,
     ctx: o.Ctx = None,
@@ -92,8 +88,7 @@ def chat(
                         "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None,
                         "--lora": bool(lora), "--reasoning-budget": reasoning_budget is not None})
     grammar, schema = o.structured(format_, json_schema)
-    chat_settings = ChatSettings(replace(presets.sampling_base(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                              repeat_penalty=repeat_penalty, seed=seed), max_tokens,
+    chat_settings = ChatSettings(replace(presets.sampling_base(), **(sampling_flags or {})), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
                                  grammar=grammar, reasoning_budget=reasoning_budget)
     if not remote:

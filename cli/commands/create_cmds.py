@@ -8,10 +8,10 @@ from pathlib import Path
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
 from tallow.cli.models import pull_options, pull_with_progress, store, verify_model
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
+from tallow.env import settings
 
 MAX_MODELFILE = 4 * 1024 * 1024  # bytes; a Modelfile is settings and text, never weights
 

@@ -9,7 +9,7 @@ import sys
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
+from tallow.env import settings
 
 
 def _dir_size(path) -> int:
@@ -74,8 +74,8 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
     import psutil
 
     from tallow.cli.gpu import gpu_unused
-    from tallow.cli.machine import machine_profile
     from tallow.cli.version import version
+    from tallow.env.machine import machine_profile
     from tallow.runtime.calibration.machine import cpu_facts
     from tallow.runtime.threads import physical_cores
 

@@ -11,9 +11,9 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
 from tallow.cli.errors import guarded
 from tallow.cli.render import err_console
+from tallow.env import settings
 
 logs_app = typer.Typer(help="Show the local history log of runs and chats.", no_args_is_help=False)
 

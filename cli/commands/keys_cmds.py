@@ -14,9 +14,9 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
 from tallow.cli.errors import guarded
 from tallow.cli.render import err_console
+from tallow.env import settings
 
 keys_app = typer.Typer(help="API keys for serve --auth keys: make, list, revoke.",
                        no_args_is_help=True)

@@ -12,16 +12,16 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import presets, settings
+from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.errors import EXIT_INTERRUPTED
+from tallow.cli.field_flags import with_sampling_flags
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
+from tallow.env import settings
 from tallow.runtime.media import with_markers
-from tallow.runtime.types import FinalEvent, Request, Sampling
-
-DEFAULT = Sampling()  # the sampling defaults, defined once (runtime/types.py); the options show them
+from tallow.runtime.types import FinalEvent, Request
 
 
 def read_prompt(prompt: str | None) -> tuple[str, str | None]:
@@ -37,17 +37,13 @@ def read_prompt(prompt: str | None) -> tuple[str, str | None]:
 
 
 @presets.with_preset
+@with_sampling_flags
 def run(
     model: o.Model,
     prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
                                  "Without one, on a terminal: an interactive chat.", show_default=False),
     system: o.System = None,
-    temperature: o.Temperature = DEFAULT.temperature,
-    top_k: o.TopK = DEFAULT.top_k,
-    top_p: o.TopP = DEFAULT.top_p,
-    min_p: o.MinP = DEFAULT.min_p,
-    repeat_penalty: o.RepeatPenalty = DEFAULT.repeat_penalty,
-    seed: o.Seed = None,
+    sampling_flags: dict | None = None,  # a flag for each sampling field of the table (cli/field_flags.py)
     max_tokens: o.MaxTokens = None,
     stop: o.Stop = None,
     ctx: o.Ctx = None,
@@ -112,8 +108,7 @@ def run(
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
     tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
-    sampling = replace(presets.sampling_base(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                       repeat_penalty=repeat_penalty, seed=seed)
+    sampling = replace(presets.sampling_base(), **(sampling_flags or {}))
     grammar, schema = o.structured(format_, json_schema)
     history = open_history(not no_log)
     conversation_id, earlier, system = _continued(history, continue_, cid, system)

@@ -20,8 +20,8 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
 from tallow.cli.served import fingerprint, runner_load
+from tallow.env import settings
 from tallow.serve.config import RunnerConfig
 
 

@@ -14,9 +14,10 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import presets, settings
+from tallow.cli import presets
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
+from tallow.env import settings
 from tallow.serve.config import RunnerConfig, ServerConfig
 
 GUARD = ServerConfig(model="")  # the front's defaults

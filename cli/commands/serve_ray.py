@@ -30,13 +30,14 @@ class Front:
 
 def serve_on_ray(opts: RayOptions, model: str, base, front: Front, offline: bool) -> None:
     from tallow.cli import presets
-    from tallow.cli.models import find_model, with_own_settings, with_projector
+    from tallow.cli.models import find_model
     from tallow.cli.served import fingerprint, runner_load
+    from tallow.runtime.opening import prepared
 
     ray = import_ray(opts.address)
     local = find_model(model, offline)
     conf = presets.for_runner(base, local.preset)
-    load = node_load(with_own_settings(with_projector(local, runner_load(conf), "if-stored"), local),
+    load = node_load(prepared(local, runner_load(conf)),
                      opts.cpus_per_actor)
     server = replace(conf.server(local.name, fingerprint(local.sha256, conf.deterministic)), host=front.host,
                      api_key=front.api_key, cors=front.cors, history=":memory:")

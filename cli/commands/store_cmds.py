@@ -95,6 +95,7 @@ def show(
     model: o.Model,
     template: bool = typer.Option(False, "--template", help="Print only the chat template."),
     modelfile: bool = typer.Option(False, "--modelfile", help="Print a Modelfile that makes this model again (tallow create)."),
+    parameters: bool = typer.Option(False, "--parameters", help="Print every request parameter's value for this model (its own PARAMETERs, else tallow's defaults), with its range."),
     fit: bool = typer.Option(False, "--fit", help="Print the memory it needs (weights, KV cache, compute), without loading it."),
     ctx: o.Ctx = None,
     gpu_layers: o.GpuLayers = "auto",
@@ -118,7 +119,7 @@ def show(
     kv = o.cache_types(cache_type_k, cache_type_v, "auto") if fit else ("f16", "f16", "auto")
     vram_bytes = None
     if vram is not None:
-        from tallow.cli.settings import parse_size
+        from tallow.env.settings import parse_size
 
         vram_bytes = parse_size(vram)
         if vram_bytes is None or not fit:
@@ -133,6 +134,9 @@ def show(
     manifest = st.get(found.name) if not isinstance(parse_ref(model), PathRef) else None
     if fit:
         _show_fit(found, ctx, gpu_layers, as_json, vram_bytes, kv)
+        return
+    if parameters:
+        _show_parameters(manifest.preset if manifest else None, as_json)
         return
     if modelfile:
         from tallow.models.create import modelfile_of
@@ -179,6 +183,26 @@ def show(
         _print_json(data)
         return
     _render_show(data)
+
+
+def _show_parameters(preset, as_json: bool) -> None:
+    """Each request field of the table (common/fields.py) by its Modelfile name: the model's
+    value where its preset sets one, else the default; its range and meaning."""
+    from tallow.common.fields import FIELDS
+
+    own = preset.parameters if preset is not None else {}
+    rows = []
+    for f in FIELDS:
+        name = f.on("modelfile") or f.name
+        rng = "" if f.low is None else f"{f.low:g}..{f.high:g}" if f.kind is float else f"{int(f.low)}..{int(f.high or 0)}"
+        rows.append({"name": name, "value": own.get(name, f.default), "source": "model" if name in own else "default",
+                     "range": rng, "help": f.help})
+    if as_json:
+        _print_json(rows)
+        return
+    for r in rows:
+        value = "(none)" if r["value"] in (None, ()) else r["value"]
+        sys.stdout.write(f"{r['name']:<18} {str(value):<12} {r['source']:<8} {r['range']:<24} {r['help']}\n")
 
 
 def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int | None,

@@ -16,9 +16,9 @@ from typing import Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli import settings
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
+from tallow.env import settings
 
 HostOption = typer.Option(None, "--host", help="The server, as host:port [default: TALLOW_HOST or 127.0.0.1:8080].", show_default=False)
 

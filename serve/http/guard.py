@@ -126,8 +126,11 @@ class Guard:
 
 
 def cors(cfg: ServerConfig) -> list[Middleware]:
-    """CORS headers, only for the origins named with --cors."""
+    """CORS headers, only for the origins named with --cors. A preflight from an allowed origin
+    is allowed the headers it asks for: the OpenAI and Anthropic JavaScript SDKs send their own
+    (x-stainless-*, anthropic-beta, ...), and a fixed list failed their preflight. The origin
+    is the guard; the key check still reads Authorization / x-api-key on the request itself."""
     if not cfg.cors:
         return []
     return [Middleware(CORSMiddleware, allow_origins=list(cfg.cors), allow_methods=["GET", "POST", "DELETE"],
-                       allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])]
+                       allow_headers=["*"])]

@@ -25,6 +25,7 @@ class NativeRoutes:
 
     def routes(self) -> list[Route]:
         return [Route("/completion", self.completion, methods=["POST"]),
+                Route("/completions", self.completion, methods=["POST"]),  # llama-server's alias of /completion
                 Route("/infill", self.completion, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/detokenize", self.detokenize, methods=["POST"]),
@@ -32,7 +33,7 @@ class NativeRoutes:
                 Route("/props", self.props, methods=["GET"]), Route("/slots", self.slots, methods=["GET"])]
 
     async def completion(self, request: HTTPRequest) -> Response:
-        app, path = self.app, request.url.path
+        app, path = self.app, request.url.path.replace("/completions", "/completion")
         body, size = await app.body_of(request)
         parsed = llamacpp_api.parse(body, app.limits, path)
         engine, prompt = app.engine, parsed.prompt or ""

@@ -87,7 +87,8 @@ class RunnerApp:
         for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
             routes += [
                 Route(f"{prefix}/chat/completions", self.chat_completions, methods=["POST"]),
-                Route(f"{prefix}/completions", self.completions, methods=["POST"]),
+                # bare /completions is llama.cpp's native one, as on llama-server (NativeRoutes)
+                *([Route(f"{prefix}/completions", self.completions, methods=["POST"])] if prefix else []),
                 Route(f"{prefix}/responses", self.responses, methods=["POST"]),
                 Route(f"{prefix}/responses/{{rid}}", self.store.route, methods=["GET", "DELETE"]),
                 Route(f"{prefix}/messages", self.messages, methods=["POST"]),

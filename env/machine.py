@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from tallow.cli import settings
+from tallow.env import settings
 
 
 def probe_options(threads: int | None):

@@ -1,0 +1,176 @@
+"""The request fields, declared once: what each is, its range and default, and its name on
+every surface that has it (or why a surface has none).
+
+Every surface derives from this table: the HTTP parsers (wire/), run's and chat's flags
+(cli/options.py), Modelfile PARAMETERs and stored presets (models/preset.py), chat's `/set`
+(runtime/chat.py), `tallow.api`'s keywords, and `tallow show --parameters`. A value is
+checked here, once, so a range and its error text are the same on all of them. Adding a
+sampler field is one row here and the engine's use of it (docs/DESIGN.md, "Request fields").
+
+Pure data and checks: this module imports nothing of tallow, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# The surfaces, and what a name on each is. Batch records are OpenAI bodies (jobs/records.py),
+# so the batch surface is "openai".
+SURFACES: dict[str, str] = {
+    "openai": "OpenAI's chat and completions bodies (and batch records)",
+    "responses": "OpenAI's Responses bodies",
+    "anthropic": "Anthropic's Messages bodies",
+    "ollama": "Ollama's `options`",
+    "llamacpp": "llama.cpp's native /completion bodies",
+    "modelfile": "Modelfile PARAMETERs and stored presets",
+    "cli": "run's and chat's flags",
+    "set": "chat's /set",
+    "api": "tallow.api's keywords",
+}
+
+
+class FieldError(ValueError):
+    """A value a field does not take; `message` names the field as the surface spells it."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.message, self.name = message, name
+
+
+@dataclass(frozen=True)
+class Field:
+    """One request field. `names`: its names per surface (the first is the one shown, the
+    rest are accepted aliases); `absent`: the surfaces that do not have it, and why."""
+
+    name: str  # the internal name: runtime.types.Sampling's field, or the request's
+    kind: type  # float, int or str
+    low: float | None
+    high: float | None
+    default: Any
+    help: str
+    names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)
+    many: bool = False  # repeatable: the values form a list (stop)
+    sampling: bool = True  # a field of runtime.types.Sampling
+    unset: dict[str, tuple[int, ...]] = field(default_factory=dict)  # a name -> its values that mean "not set"
+
+    def on(self, surface: str) -> str | None:
+        """Its name on `surface`, or None where it is not there."""
+        found = self.names.get(surface)
+        return found[0] if found else None
+
+    def check(self, value: Any, label: str | None = None, text: bool = False) -> Any:
+        """`value` as this field's kind, in range; FieldError (naming it as `label`) otherwise.
+        `text`: a value typed as text (a flag, a PARAMETER line, /set), converted; else a JSON
+        value, which must already be of the kind (an integer field takes no 2.0)."""
+        label = label or self.name
+        if self.many and isinstance(value, (list, tuple)):
+            return [self.check(v, label, text)[0] for v in value]
+        got = self.convert(value, label, text)
+        if self.low is not None and self.high is not None and not self.low <= got <= self.high:
+            show = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
+            raise FieldError(f"{label} must be between {show(self.low)} and {show(self.high)}, not {value!r}", label)
+        return [got] if self.many else got
+
+    def convert(self, value: Any, label: str, text: bool) -> Any:
+        if text:
+            want = {str: "a non-empty text", int: "a whole number", float: "a number"}[self.kind]
+            problem = f"{label} wants {want}, not {value!r}"
+        else:
+            problem = f"{label} must be {({str: 'a non-empty string', int: 'an integer', float: 'a number'})[self.kind]}"
+        if isinstance(value, bool) or (isinstance(value, str) and not text and self.kind is not str):
+            raise FieldError(problem, label)
+        try:
+            if self.kind is str:
+                if not isinstance(value, str) or not value:
+                    raise ValueError
+                return value
+            if self.kind is int:
+                if isinstance(value, float) or not isinstance(value, (int, str)):
+                    raise ValueError
+                return value if isinstance(value, int) else int(value.strip(), 10)
+            got = float(value) if isinstance(value, (int, float, str)) else None
+            if got is None or not math.isfinite(got):
+                raise ValueError
+            return got
+        except ValueError:
+            raise FieldError(problem, label) from None
+
+
+ALL = tuple(SURFACES)
+
+
+def _row(name: str, kind: type, low: float | None, high: float | None, default: Any, help: str,
+         *, rename: dict[str, tuple[str, ...] | str] | None = None, absent: dict[str, str] | None = None,
+         many: bool = False, sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None) -> Field:
+    """A field named `name` on every surface (`--name-with-dashes` as a flag), except where
+    `rename` names it otherwise and `absent` says why it is not there."""
+    absent = absent or {}
+    names: dict[str, tuple[str, ...]] = {}
+    for surface in ALL:
+        if surface in absent:
+            continue
+        given = (rename or {}).get(surface)
+        if given is None:
+            given = "--" + name.replace("_", "-") if surface == "cli" else name
+        names[surface] = (given,) if isinstance(given, str) else tuple(given)
+    return Field(name, kind, low, high, default, help, names, absent, many, sampling, unset or {})
+
+
+NO_STOP_SET = "chat's /set takes one value a setting; give stop strings with --stop when the chat starts"
+
+FIELDS: tuple[Field, ...] = (
+    _row("temperature", float, 0, 2, 0.8, "Sampling temperature; 0 is greedy and deterministic."),
+    _row("top_k", int, 0, 1_000_000, 40, "Keep the K most likely tokens (0: all)."),
+    _row("top_p", float, 0, 1, 0.95, "Nucleus sampling: keep tokens up to this cumulative probability (1: off)."),
+    _row("min_p", float, 0, 1, 0.05, "Drop tokens less likely than this fraction of the most likely one (0: off)."),
+    _row("typical_p", float, 0, 1, 1.0, "Locally typical sampling: keep the tokens whose surprise is nearest the "
+         "entropy, up to this probability (1: off)."),
+    _row("mirostat", int, 0, 2, 0, "Mirostat 1 or 2 in place of top-k, top-p and min-p: sample at a target "
+         "surprise (0: off)."),
+    _row("mirostat_tau", float, 0, 100, 5.0, "Mirostat's target surprise (lower: more focused)."),
+    _row("mirostat_eta", float, 0, 1, 0.1, "Mirostat's learning rate."),
+    _row("repeat_penalty", float, 0.01, 10, 1.0, "Penalty for tokens among the last repeat_last_n (1: off).",
+         rename={"openai": ("repeat_penalty", "repetition_penalty")}),
+    _row("repeat_last_n", int, 0, 1_000_000, 64, "How many of the last tokens the penalties look at."),
+    _row("frequency_penalty", float, -2, 2, 0.0, "Minus this for each earlier use of a token (in the last "
+         "repeat_last_n)."),
+    _row("presence_penalty", float, -2, 2, 0.0, "Minus this once for a token already used (in the last "
+         "repeat_last_n)."),
+    _row("seed", int, -(2**63), 2**64 - 1, None, "Random seed; the same seed and prompt give the same answer "
+         "(reduced to llama.cpp's 32 bits) [default: random].", unset={"seed": (-1,)}),
+    _row("max_tokens", int, 1, 2**31, None, "Stop after this many tokens [default: until the context is full, or "
+         "the server's limit].", sampling=False,
+         rename={"openai": ("max_tokens", "max_completion_tokens", "n_predict"), "responses": "max_output_tokens",
+                 "ollama": "num_predict", "llamacpp": "n_predict", "modelfile": "num_predict",
+                 "cli": ("--max-tokens", "-n")},
+         # llama.cpp's and Ollama's "no limit of the request's own" (Ollama's -2: fill the context)
+         unset={"n_predict": (-1,), "num_predict": (-1, -2)}),
+    _row("stop", str, None, None, (), "Stop where this text appears (repeatable); it is not part of the answer.",
+         sampling=False, many=True, rename={"anthropic": "stop_sequences"}, absent={"set": NO_STOP_SET}),
+)
+
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+SAMPLING = tuple(f for f in FIELDS if f.sampling)
+
+
+def default(name: str) -> Any:
+    return BY_NAME[name].default
+
+
+def on_surface(surface: str) -> dict[str, Field]:
+    """Every name `surface` gives a field (aliases included) -> the field."""
+    return {n: f for f in FIELDS for n in f.names.get(surface, ())}
+
+
+def reference(surfaces: tuple[str, ...] = ALL) -> list[dict[str, Any]]:
+    """The table as rows to print (`tallow show --parameters`, the docs' reference)."""
+    rows = []
+    for f in FIELDS:
+        rng = "" if f.low is None else f"{f.low:g} to {f.high:g}" if f.kind is float else f"{int(f.low)} to {int(f.high or 0)}"
+        rows.append({"name": f.name, "type": ("list of " if f.many else "") + f.kind.__name__, "range": rng,
+                     "default": f.default, "help": f.help,
+                     **{s: ", ".join(f.names[s]) if s in f.names else None for s in surfaces}})
+    return rows
