@@ -127,7 +127,7 @@ def open_scheduler(text: str, load: LoadSettings, offline: bool, sched, disk_cac
     `sched` (runtime.scheduler.SchedulerSettings) sequences at once, with the prompt cache on
     disk attached unless told not to."""
     from tallow.runtime.opening import prepared
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
 
     local = find_model(text, offline)
     scheduler = Scheduler.load(local.paths, prepared(local, load), sched)

@@ -132,8 +132,8 @@ def cache_types(type_k: str, type_v: str, flash_attn: str, where: str = "") -> t
 def read_media(images: list[str] | None, audio: list[str] | None) -> list:
     """The --image and --audio files, decoded and checked before any model is loaded; one
     of them may be '-', read from stdin."""
-    from tallow.runtime.audio import decode_wav
     from tallow.runtime.media import MediaError, decode_image
+    from tallow.runtime.media.audio import decode_wav
 
     given = [(p, "image", decode_image) for p in images or ()] + [(p, "audio", decode_wav) for p in audio or ()]
     if sum(p == "-" for p, _, _ in given) > 1:
@@ -216,7 +216,7 @@ def parse_gpu_layers(value: str) -> str:
 
 def placement(device: str | None, main_gpu: int = 0, split_mode: str = "layer", tensor_split: str | None = None):
     """--device, --main-gpu, --split-mode and --tensor-split, checked (whether the devices
-    exist is the load's to say: runtime/devices.gpu_handles)."""
+    exist is the load's to say: runtime/host/devices.gpu_handles)."""
     from tallow.runtime.types import Placement
 
     devices = tuple(d.strip() for d in (device or "").split(",") if d.strip())
@@ -359,7 +359,7 @@ def embed_settings(threads: int | None, gpu_layers: str, pooling: str | None, ba
     from dataclasses import replace
 
     from tallow.common.errors import TallowError
-    from tallow.models.bert_import import POOLING
+    from tallow.models.convert.bert_import import POOLING
 
     if pooling is not None and (pooling not in POOLING or pooling == "none"):
         raise TallowError(f"--pooling must be mean, cls, last or rank, not {pooling!r}")

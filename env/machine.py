@@ -10,7 +10,7 @@ from tallow.env import settings
 
 def probe_options(threads: int | None):
     from tallow.runtime.calibration.machine import ProbeOptions
-    from tallow.runtime.threads import physical_cores
+    from tallow.runtime.host.threads import physical_cores
 
     hook, timeout = settings.test_probe()
     opts = ProbeOptions(mode=settings.cpu_repack(), threads=threads or physical_cores(),

@@ -114,7 +114,7 @@ def machine_cache() -> Path:
 
 
 def engines_dir() -> Path:
-    """The running engines' thread claims (runtime/threads.py)."""
+    """The running engines' thread claims (runtime/host/threads.py)."""
     return home() / "run" / "engines"
 
 

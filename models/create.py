@@ -139,7 +139,7 @@ def _stored_name(text: str) -> bool:
 def import_adapter(store: Store, name: str, folder: Path, base_name: str) -> Manifest:
     """`tallow import FOLDER --base MODEL`: a PEFT adapter converted to GGUF and stored as a
     made model, the stored `base_name` with the adapter (as a Modelfile's ADAPTER would)."""
-    from tallow.models.peft_import import convert_peft
+    from tallow.models.convert.peft_import import convert_peft
 
     name = str(parse_name(name))
     base = store.get(base_name)

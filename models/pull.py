@@ -268,7 +268,7 @@ def _copy_hashing(src: Path, dest: Path, total: int, on_progress: ProgressFn) ->
 
 def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", on_progress: ProgressFn = no_progress,
                      verify: Callable[[list[Path]], None] | None = None) -> Manifest:
-    """Convert a Hugging Face model (folder, zip or wheel; models/bert_import.py) to GGUF in
+    """Convert a Hugging Face model (folder, zip or wheel; models/convert/bert_import.py) to GGUF in
     the store and register it under `name`; nothing is registered when any step fails."""
     from tallow.models.fetch import convert_into_store
 

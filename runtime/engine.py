@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, Iterator
 from typing import Sequence as Seq
 
-from tallow.models.bert_import import POOLING
+from tallow.models.convert.bert_import import POOLING
 from tallow.runtime.adapters import Adapters
+from tallow.runtime.drafting.speculative import LookupDrafter
 from tallow.runtime.errors import ContextOverflow, DraftError
+from tallow.runtime.host.threads import Governor, Registry, physical_cores, thread_rule
 from tallow.runtime.loadplan import (
     check_draft_fit,
     check_draft_room,
@@ -29,14 +31,12 @@ from tallow.runtime.loadplan import (
     read_shape,
 )
 from tallow.runtime.logprobs import token_logprob
-from tallow.runtime.multimodal import cuts, media_prompt, text_only
+from tallow.runtime.media.spans import cuts, media_prompt, text_only
 from tallow.runtime.protocol import Events
 from tallow.runtime.sampling import make_sampler
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
-from tallow.runtime.speculative import LookupDrafter
 from tallow.runtime.template import continued, framed
 from tallow.runtime.text import opens_reasoning, reasoning_markers
-from tallow.runtime.threads import Governor, Registry, physical_cores, thread_rule
 from tallow.runtime.types import LoadSettings, Request, Timings, TokenEvent
 
 _SEQ = 0
@@ -62,7 +62,7 @@ class Engine:
         self.extra_buffers = extra_buffers(settings)
         settings = replace(settings, flash_attn=self.flash_attn)
         if settings.check_memory:  # before anything is allocated
-            from tallow.runtime.devices import gpu_free_memory
+            from tallow.runtime.host.devices import gpu_free_memory
 
             vram = settings.vram if settings.vram is not None else (gpu_free_memory() if offload else None)
             plan = plan_memory(paths, settings, offload, vram, shape)
@@ -126,14 +126,14 @@ class Engine:
         self.load_ms = (time.perf_counter() - started) * 1000
 
     def _draft_model(self, settings: LoadSettings, paths: list[Path], n_threads: int, layers: int):
-        """The draft model, in a context shaped as the target's (runtime/draft_model.py)."""
+        """The draft model, in a context shaped as the target's (runtime/drafting/draft_model.py)."""
         if not settings.draft:
             return None
         if settings.embeddings:
             raise DraftError("a draft model drafts answers, and an embedding model writes none",
                              "serve the draft with a model that generates text")
         from tallow.runtime.backend import ContextParams
-        from tallow.runtime.draft_model import load_draft
+        from tallow.runtime.drafting.draft_model import load_draft
 
         p = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=n_threads,
                           flash_attn=settings.flash_attn, n_seq_max=settings.n_seq_max, kv_unified=settings.kv_unified)
@@ -177,7 +177,7 @@ class Engine:
 
     def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None,
                 variables: dict[str, Any] | None = None, generation: str = "new"):
-        """The prompt's tokens and its media spans (runtime/multimodal.py). A message's images
+        """The prompt's tokens and its media spans (runtime/media/spans.py). A message's images
         are in its "media" list, each at a media marker in its content. `variables`: more
         names for the template (a request's chat_template_kwargs, enable_thinking).
         `generation`: "new" (a new assistant turn), "continue" (the last message, an
@@ -466,11 +466,11 @@ class Engine:
 
     @property
     def n_threads(self) -> int:
-        """The threads decoding now (runtime/threads.py may change them between steps)."""
+        """The threads decoding now (runtime/host/threads.py may change them between steps)."""
         return self.ctx.n_threads
 
     def pace(self) -> None:
-        """Once per decode step, by every decode loop: follow the cores free (runtime/threads.py)."""
+        """Once per decode step, by every decode loop: follow the cores free (runtime/host/threads.py)."""
         self.governor.pace(self.ctx)
 
     def close(self) -> None:

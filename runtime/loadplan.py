@@ -99,7 +99,7 @@ def extra_buffers(settings: LoadSettings) -> bool:
     if settings.machine is not None:
         return settings.machine.repack
     from tallow.runtime.calibration.machine import PROBED
-    from tallow.runtime.devices import extra_buffer_types
+    from tallow.runtime.host.devices import extra_buffer_types
 
     return not any(t in PROBED for t in extra_buffer_types())
 
@@ -150,7 +150,7 @@ def check_draft_room(paths: list[Path], settings: LoadSettings, n_ctx: int, offl
     """Raise DraftError when a draft model cannot load now, next to a loaded model of context
     `n_ctx` (`offload`: its layers, hence the draft's, go to a GPU): the memory free now
     already counts the model."""
-    from tallow.runtime.devices import gpu_free_memory
+    from tallow.runtime.host.devices import gpu_free_memory
 
     _check_draft(paths, settings, n_ctx, None, offload, gpu_free_memory() if offload else None)
 

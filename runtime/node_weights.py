@@ -138,7 +138,7 @@ def load_on_node(model_paths: tuple[str, ...], weights: dict[str, WeightFile], l
                  node: str, fetch: Callable[[Any], bytes]):
     """(a Scheduler loaded from this node's copies, {file name: "path" | "shipped"});
     Missing when this node lacks a file that was not shipped."""
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
 
     files: dict[str, Path] = {}
     sources: dict[str, str] = {}

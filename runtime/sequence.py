@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tallow.runtime.drafting.speculative import LookupDrafter, verify
 from tallow.runtime.logprobs import with_logprobs
-from tallow.runtime.multimodal import Span, snap, text_only
-from tallow.runtime.speculative import LookupDrafter, verify
+from tallow.runtime.media.spans import Span, snap, text_only
 from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
 from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
 
@@ -236,8 +236,10 @@ class OutputStream:
         if self.model.is_eog(token):
             self.finish = "stop"
             return None, True
+        first = None
         if self.t_last is None:
             self.timings.ttft_ms = (now - self.started) * 1000
+            first = (len(self.request.prompt_tokens), self.usage.cached_tokens or 0)
         else:
             self.timings.itl_ms.append((now - self.t_last) * 1000)
         self.t_last = now
@@ -254,12 +256,12 @@ class OutputStream:
             self.parts.append(text)
         if stopped:
             self.finish, self.hit_stop_string = "stop", True
-            return TokenEvent(text, token, reasoning), True
+            return TokenEvent(text, token, reasoning, prompt=first), True
         max_tokens = self.request.max_tokens
         if max_tokens is not None and self.n_out >= max_tokens:
             self.finish = "length"
-            return TokenEvent(text, token, reasoning), True
-        return TokenEvent(text, token, reasoning), False
+            return TokenEvent(text, token, reasoning, prompt=first), True
+        return TokenEvent(text, token, reasoning, prompt=first), False
 
     def take_all(self, ctx, sampled: list[tuple[int, int]], guesses: int = 0) -> tuple[list[TokenEvent], int | None]:
         """Take tokens sampled in one step, in order, as (logit row, token), the first `guesses`

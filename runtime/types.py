@@ -69,14 +69,14 @@ class LoadSettings:
     machine: Any = None  # runtime.calibration.machine.Profile: repack verdict and flash-attention timings
     repack: bool | None = None  # repacked weight layouts (extra buffers); None: the machine's verdict
     workload: object = None  # runtime.machine.Workload for flash_attn "auto" (None: fill the context)
-    registry: Path | None = None  # folder of the running engines' thread claims (runtime/threads.py)
+    registry: Path | None = None  # folder of the running engines' thread claims (runtime/host/threads.py)
     related_pids: tuple[int, ...] = ()  # processes whose CPU time is this engine's own work (a runner's server)
     adapt_threads: bool = True  # follow the cores free while decoding (unless n_threads pins it)
     embeddings: bool = False  # an embedding context (runtime/embedding/embed.py): pooled vectors, no sampling
     pooling: str | None = None  # mean | cls | last | rank | None: the model's own (runtime/embedding/embed.py)
-    mmproj: Path | None = None  # a projector (mmproj GGUF) for images in prompts (runtime/media.py)
+    mmproj: Path | None = None  # a projector (mmproj GGUF) for images in prompts (runtime/media/__init__.py)
     placement: Placement = Placement()  # which GPUs, when there are several
-    draft: tuple[Path, ...] = ()  # a draft model's files, for speculative decoding (runtime/draft_model.py)
+    draft: tuple[Path, ...] = ()  # a draft model's files, for speculative decoding (runtime/drafting/draft_model.py)
     draft_limits: DraftLimits = DraftLimits()
     draft_name: str | None = None  # the draft model's name, as reports show it (None: its file's)
     persona: Persona = Persona()  # a created model's system prompt, few-shot turns and template
@@ -126,7 +126,7 @@ class Request:
     save_prompt: bool = True  # False: look saved prefixes up but never save this one (a chat keeps its own cache)
     draft: str | None = None  # "lookup": drafts found in the prompt and output; "model": the loaded draft model's
     prediction: tuple[int, ...] = ()  # the answer the client expects (OpenAI's Predicted Outputs): lookup drafts from it
-    grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar.py, checked)
+    grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar/__init__.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
@@ -221,6 +221,7 @@ class TokenEvent:
     reasoning: str = ""  # reasoning text this token produced (never part of `text`)
     logprob: float | None = None  # the model's log-probability of the token (when asked for)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely tokens at this step
+    prompt: tuple[int, int] | None = None  # on the first token only: (prompt tokens, of which reused from a cache)
 
 
 @dataclass
@@ -282,7 +283,7 @@ class SamplerParams:
     repeat_last_n: int
     seed: int
     banned: tuple[int, ...] = ()  # tokens that may never be sampled (e.g. end-of-generation)
-    grammar: str | None = None  # GBNF, already checked (runtime/grammar.py)
+    grammar: str | None = None  # GBNF, already checked (runtime/grammar/__init__.py)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), before the other samplers

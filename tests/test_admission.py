@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from tallow.runtime.admission import FairQueue
-from tallow.runtime.scheduler import Scheduler
+from tallow.runtime.scheduling.admission import FairQueue
+from tallow.runtime.scheduling.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, Sampling, SchedulerSettings, TokenEvent
 
 

@@ -1,4 +1,4 @@
-"""Audio in: WAV files read under limits (runtime/audio.py), resampled to a projector's rate,
+"""Audio in: WAV files read under limits (runtime/media/audio.py), resampled to a projector's rate,
 and hostile files refused in one line."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import wave
 import numpy as np
 import pytest
 
-from tallow.runtime.audio import decode_wav, resample
 from tallow.runtime.media import MediaError
+from tallow.runtime.media.audio import decode_wav, resample
 
 
 def wav(rate: int, samples: np.ndarray, bits: int = 16, channels: int = 1) -> bytes:

@@ -26,7 +26,7 @@ def test_chat_turns_commands_ctrl_c_and_on(default_home):
     term.send("half a line")
     term.read_until(r"half a line")
     term.send("\x03")  # sent the moment the echo shows: as readline returns to its select()
-    term.read_until(r">>> ", timeout=60)  # a ^C that lands before the select() is resent (runtime/interrupt.py)
+    term.read_until(r">>> ", timeout=60)  # a ^C that lands before the select() is resent (runtime/host/interrupt.py)
     term.send("/stats\r")
     assert "turns 1" in term.read_until(r"turns \d+.*\n")
     term.send("/set max_tokens 2000\r")

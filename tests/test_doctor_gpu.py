@@ -50,7 +50,7 @@ def test_without_a_gpu_nothing_is_suggested(tmp_path):
 
 
 def test_the_thread_rule_follows_where_the_layers_run():
-    from tallow.runtime.threads import physical_cores, thread_rule
+    from tallow.runtime.host.threads import physical_cores, thread_rule
 
     assert thread_rule(3, True, True) == (3, "pinned (--threads)")
     assert thread_rule(None, True, True)[0] == physical_cores()  # llama.cpp's default, not adapted

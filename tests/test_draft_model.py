@@ -1,4 +1,4 @@
-"""Speculative decoding with a draft model (runtime/draft_model.py): the answer is the
+"""Speculative decoding with a draft model (runtime/drafting/draft_model.py): the answer is the
 target's, and the accepted counts are exactly what two script models that differ at known
 places predict."""
 
@@ -11,8 +11,8 @@ import pytest
 from helpers.processes import run_tallow
 from helpers.synth import write_synthetic_gguf
 
-from tallow.runtime.draft_costs import StepCosts
-from tallow.runtime.draft_model import best_length, row_cost
+from tallow.runtime.drafting.draft_costs import StepCosts
+from tallow.runtime.drafting.draft_model import best_length, row_cost
 
 # The target cycles a..h; the draft agrees except after "d", where it says "x" (then "y",
 # after which it has no confident guess).
@@ -154,7 +154,7 @@ def test_drafting_stops_when_enough_sequences_share_the_step():
 def lone_drafter(costs: StepCosts, acceptance: float = 0.2):
     from types import SimpleNamespace
 
-    from tallow.runtime.draft_model import ModelDrafter
+    from tallow.runtime.drafting.draft_model import ModelDrafter
     from tallow.runtime.types import DraftLimits
 
     owner = SimpleNamespace(limits=DraftLimits(), costs=costs, sequence=lambda seq: SimpleNamespace(kv=[]))
@@ -164,7 +164,7 @@ def lone_drafter(costs: StepCosts, acceptance: float = 0.2):
 
 
 def test_a_draft_that_cannot_pay_is_never_probed():
-    from tallow.runtime.draft_model import PROBE_EVERY
+    from tallow.runtime.drafting.draft_model import PROBE_EVERY
 
     def probes(drafter, steps: int, right: bool = False) -> list[int]:
         """The steps (from 1) at which the drafter probes, each probe right or wrong as told."""
@@ -193,7 +193,7 @@ def test_a_draft_that_cannot_pay_is_never_probed():
 
 
 def test_a_probe_over_another_requests_cells_drafts_from_a_window():
-    from tallow.runtime.draft_model import PROBE_WINDOW
+    from tallow.runtime.drafting.draft_model import PROBE_WINDOW
 
     drafter = lone_drafter(StepCosts(0.1))
     drafter.history = list(range(100, 164))

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from tallow.runtime.scheduler import Scheduler
+from tallow.runtime.scheduling.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, Sampling, SchedulerSettings, TokenEvent
 
 PROMPT = "alpha beta gamma delta omega sigma tau rho " * 6

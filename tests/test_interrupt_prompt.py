@@ -12,7 +12,7 @@ from helpers.terminal import Terminal
 # handler is recorded, the wakeup fd written, and the main thread's select() never sees EINTR.
 PROGRAM = r"""
 import readline, signal, threading, time
-from tallow.runtime import interrupt
+from tallow.runtime.host import interrupt
 assert interrupt.install()
 def elsewhere():
     time.sleep(1.0)
@@ -37,7 +37,7 @@ def test_a_ctrl_c_the_prompt_missed_is_delivered_to_the_main_thread():
 # SIGINT as "quit now": the watcher must never resend one there.
 REPLACED = r"""
 import signal, threading, time
-from tallow.runtime import interrupt
+from tallow.runtime.host import interrupt
 assert interrupt.install()
 seen = []
 signal.signal(signal.SIGINT, lambda *a: seen.append(1))

@@ -33,7 +33,7 @@ MAY_IMPORT = {
 # the Ray Serve application (ray/) wraps the runner's app, never the front
 SERVE_MAY_IMPORT = {"http": {"http"}, "front": {"front", "http", "ui"}, "runner": {"runner", "http"},
                     "ui": {"ui", "http"}, "ray": {"ray", "runner", "http"}}
-ENGINE = ("tallow.runtime.scheduler", "tallow.runtime.engine", "tallow.runtime.backend", "tallow.runtime.sequence",
+ENGINE = ("tallow.runtime.scheduling.scheduler", "tallow.runtime.engine", "tallow.runtime.backend", "tallow.runtime.sequence",
           "tallow.runtime.embedding")
 
 
@@ -131,6 +131,30 @@ def test_no_module_takes_another_module_s_private_names():
 def test_modules_stay_under_500_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for _, p, _ in modules() if (n := len(p.read_text().splitlines())) >= 500]
     assert not long, long
+
+
+def test_no_package_holds_more_than_20_flat_modules():
+    """Rooms with walls: a package grows sub-packages by role before it becomes a hall."""
+    crowded = []
+    for pkg in MAY_IMPORT:
+        for folder in [ROOT / pkg, *(d for d in (ROOT / pkg).rglob("*") if (d / "__init__.py").is_file())]:
+            flat = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            if len(flat) > 20:
+                crowded.append(f"{folder.relative_to(ROOT)}: {len(flat)}")
+    assert not crowded, crowded
+
+
+def test_the_design_document_names_every_module():
+    design = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    bullets = design.split("\n- ")  # a bullet may list a folder's modules by file name
+
+    def named(path: Path) -> bool:
+        rel = str(path.relative_to(ROOT))
+        folder = str(path.parent.relative_to(ROOT)) + "/"
+        return rel in design or any(f"`{folder}" in b and f"`{path.name}`" in b for b in bullets)
+
+    missing = [str(p.relative_to(ROOT)) for _, p, _ in modules() if p.name != "__init__.py" and not named(p)]
+    assert not missing, f"docs/DESIGN.md's module map lacks {missing}"
 
 
 def test_serve_roles_keep_to_themselves():

@@ -245,7 +245,7 @@ def test_the_scheduler_keeps_each_set_side_by_side_and_takes_turns(files):
     from types import SimpleNamespace
 
     from tallow.runtime.adapters import Turns
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, LoraSpec, Request, Sampling, SchedulerSettings
 
     sched = Scheduler.load([files["model"]], LoadSettings(n_ctx=1024, n_threads=1, loras=(LoraSpec(files["lora"]),)),

@@ -157,3 +157,29 @@ def test_llama_server_clients_the_rest_of_the_way(server):
     t = v1["timings"]
     assert t["predicted_n"] == v1["usage"]["completion_tokens"] and t["predicted_per_second"] > 0 and "cache_n" in t
     assert t["ttft_ms"] > 0  # tallow's own names stay
+
+
+def test_several_prompts_objects_text_bias_fields_and_progress(server):
+    """llama.cpp's array of prompts (each answered, in order), its prompt object, logit_bias
+    keyed by text, response_fields, and return_progress's report before the first token."""
+    base = {"n_predict": 3, "temperature": 0}
+    _, one = call(server, "/completion", {**base, "prompt": PROMPT})
+    _, other = call(server, "/completion", {**base, "prompt": "Water is"})
+    status, both = call(server, "/completion", {**base, "prompt": [PROMPT, "Water is"]})
+    assert status == 200 and [b["content"] for b in both] == [one["content"], other["content"]]
+    assert [b["index"] for b in both] == [0, 1]
+    status, err = call(server, "/completion", {**base, "prompt": [PROMPT, "x"], "stream": True})
+    assert status == 400 and err["error"]["param"] == "stream"
+    _, obj = call(server, "/completion", {**base, "prompt": {"prompt_string": PROMPT}})
+    assert obj["content"] == one["content"]
+    # the greedy answer's first word, banned by its text: another answer
+    word = one["content"].split()[0]
+    _, banned = call(server, "/completion", {**base, "prompt": PROMPT, "logit_bias": [[word, False]]})
+    assert word not in banned["content"].split()[:1]
+    _, cut = call(server, "/completion", {**base, "prompt": PROMPT,
+                                          "response_fields": ["content", "generation_settings/n_predict"]})
+    assert cut == {"content": one["content"], "generation_settings/n_predict": 3}
+    status, chunks = call(server, "/completion", {**base, "prompt": PROMPT, "stream": True, "return_progress": True})
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert status == 200 and len(progress) == 1 and chunks[0].get("prompt_progress") == progress[0]
+    assert progress[0]["processed"] == progress[0]["total"] == one["tokens_evaluated"] and progress[0]["time_ms"] > 0

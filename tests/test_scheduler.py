@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from tallow.runtime.errors import ContextOverflow
-from tallow.runtime.handle import QueueFull
-from tallow.runtime.scheduler import Scheduler
+from tallow.runtime.scheduling.handle import QueueFull
+from tallow.runtime.scheduling.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, Sampling, SchedulerSettings, TokenEvent
 
 GREEDY = Sampling(temperature=0)

@@ -2,7 +2,7 @@
 request at temperature 1 with a seed, on a fresh server (cold), again (warm from memory), on
 a restarted server (warm from disk), and beside two other streams, on chat completions, text
 completions, Messages and Ollama's chat. Without batch-invariant packing for seeded requests
-the cold answer differed from the warm ones (runtime/step_calls.py)."""
+the cold answer differed from the warm ones (runtime/scheduling/step_calls.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tallow.runtime.threads import INTERVAL_S, Governor, Registry, physical_cores
+from tallow.runtime.host.threads import INTERVAL_S, Governor, Registry, physical_cores
 
 
 def test_the_registry_counts_live_engines_and_sweeps_dead_ones(tmp_path):

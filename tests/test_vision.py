@@ -1,4 +1,4 @@
-"""Images through a projector (runtime/media.py, runtime/multimodal.py, runtime/backend/media.py).
+"""Images through a projector (runtime/media/__init__.py, runtime/media/spans.py, runtime/backend/media.py).
 
 The designed projector of tests/helpers/projector.py turns a pure colour into its word's input
 embedding, so the default model naming the colour proves the pixels reached it.
@@ -147,7 +147,7 @@ def test_images_for_an_engine_without_a_projector_are_refused(synth_engine, tmp_
 
 
 def test_the_scheduler_evaluates_images_beside_text_streams(default_model, colour_projector, tmp_path):
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, Sampling, SchedulerSettings
 
     settings = SchedulerSettings(parallel=3)

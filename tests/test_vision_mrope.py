@@ -135,7 +135,7 @@ def test_a_second_question_reuses_the_picture_as_a_fresh_prefill_would_answer(mr
 
 
 def test_the_scheduler_places_the_picture_as_the_engine_does(mrope_pair, mrope_engine, tmp_path):
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, Sampling, SchedulerSettings
 
     picture = _picture(tmp_path, (255, 0, 0))

@@ -1,4 +1,4 @@
-"""Images in API requests: content parts of each API read into decoded Media (runtime/media.py),
+"""Images in API requests: content parts of each API read into decoded Media (runtime/media/__init__.py),
 each standing at a media marker where the part was. `data:` URIs and base64 are taken; an
 http(s) URL only through a fetcher the server was given (serve --allow-media-urls,
 serve/media_fetch.py), and is refused by name otherwise."""
@@ -78,7 +78,7 @@ def openai_part(part: dict, where: str, param: str, fetch: Fetch | None = None):
 
 def _input_audio(audio: Any, where: str, param: str):
     """Chat Completions' input_audio: base64 data in a format tallow reads (WAV)."""
-    from tallow.runtime.audio import decode_wav
+    from tallow.runtime.media.audio import decode_wav
 
     if not isinstance(audio, dict):
         raise APIError(f"{where} must be an object with data and format", param=param)

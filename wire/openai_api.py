@@ -247,7 +247,7 @@ def to_request(engine, parsed: Parsed) -> Request:
         prefixes = [parsed.messages[:head]] if head else []
         try:
             return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
-                                  **kwargs)
+                                  raw=bool(parsed.extra.get("raw")), **kwargs)
         except MediaError as exc:  # images for a model without a projector
             raise APIError(exc.message, param="messages") from exc
     if isinstance(parsed.prompt, list):

@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from tallow.runtime.answer import Answer, Outcome
-from tallow.runtime.forks import merged
 from tallow.runtime.logprobs import token_logprob
+from tallow.runtime.scheduling.forks import merged
 from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.wire import anthropic_api, ollama_api, openai_api, responses_api
 from tallow.wire.request import Parsed

@@ -147,7 +147,7 @@ def _remote(endpoints, model: str, parallel: int, max_tokens: int, retries: int,
 def _ray_options(address: str | None, actors: int, cpus: int, weights: str, remote: bool, threads: int | None,
                  offline: bool):
     """--ray's settings checked, or None without --ray (its other flags are then refused)."""
-    from tallow.cli.ray_connect import checked_options
+    from tallow.cli.ray.connect import checked_options
 
     opts = checked_options(address, actors, cpus, weights, offline or settings.offline(),
                            ("--ray-actors", "--ray-cpus-per-actor"), "actors of a batch")
@@ -160,8 +160,8 @@ def _ray_options(address: str | None, actors: int, cpus: int, weights: str, remo
 
 def _on_ray(opts, model: str, load, sched, forced_format, offline: bool, parallel: int, max_tokens: int,
             retries: int, affinity_chars: int, input: Path, out, previous, total: int):
-    from tallow.cli.commands.batch_ray import run_on_ray
     from tallow.cli.models import find_model
+    from tallow.cli.ray.batch import run_on_ray
     from tallow.jobs.fleet import FleetSettings
     from tallow.wire.request import Limits
 

@@ -113,7 +113,7 @@ def bench(
     tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pg or [], _ints(depth, "-d"))
     if not tests:
         raise typer.BadParameter("no tests: give -p, -n or -pg", param_hint="-p/-n/-pg")
-    from tallow.runtime.threads import physical_cores
+    from tallow.runtime.host.threads import physical_cores
 
     combos = list(itertools.product(_ints(threads, "-t", 1) if threads else [physical_cores()],
                                     _ints(batch, "-b", 1), _layer_choices(gpu_layers)))
@@ -169,7 +169,7 @@ def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_a
 
     from tallow.models.gguf_file import read_gguf
     from tallow.runtime import bench as B
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import SchedulerSettings
 
     n_threads, n_batch, ngl = combo

@@ -10,8 +10,9 @@ from tallow.cli import options as o
 from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.field_flags import with_sampling_flags
+from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ShowFlags, with_groups
 from tallow.cli.models import open_engine
-from tallow.cli.render import err_console, out_console, stats_line, stderr_is_terminal
+from tallow.cli.render import err_console, out_console, stats_line
 from tallow.common.errors import TallowError
 from tallow.env import settings
 from tallow.runtime.chat import SETTABLE, ChatSettings, Conversation
@@ -36,41 +37,20 @@ _SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @presets.with_preset
 @with_sampling_flags
+@with_groups(load=LoadFlags, drafting=DraftFlags, show=ShowFlags, shape=FormatFlags, server=EndpointFlags)
 def chat(
     model: o.Model,
     system: o.System = None,
-    sampling_flags: dict | None = None,  # a flag for each sampling field of the table (cli/field_flags.py)
     max_tokens: o.MaxTokens = None,
     stop: o.Stop = None,
-    ctx: o.Ctx = None,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = "auto",
-    device: o.Device = None,
-    main_gpu: o.MainGpu = 0,
-    split_mode: o.SplitMode = "layer",
-    tensor_split: o.TensorSplit = None,
-    flash_attn: o.FlashAttn = "auto",
-    cache_type_k: o.CacheTypeK = "f16",
-    cache_type_v: o.CacheTypeV = "f16",
     raw: o.Raw = False,
-    mmproj: o.Mmproj = None,
-    lora: o.Lora = None,
     reasoning_budget: o.ReasoningBudget = None,
     on_overflow: o.OnOverflow = "drop",
-    hide_thinking: o.HideThinking = False,
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
-    draft: o.Draft = None,
-    draft_max: o.DraftMax = 16,
-    draft_min: o.DraftMin = 0,
-    draft_p_min: o.DraftPMin = 0.75,
-    format_: o.Format = None,
-    json_schema: o.JsonSchema = None,
-    stats: o.Stats = False,
-    quiet: o.Quiet = False,
     offline: o.Offline = False,
-    endpoint: o.Endpoint = None,
-    api_key: o.EndpointKey = None,
+    *, sampling_flags: dict, load: LoadFlags, drafting: DraftFlags, show: ShowFlags, shape: FormatFlags,
+    server: EndpointFlags,
 ) -> None:
     """Chat with a model, reusing the cache turn after turn.
 
@@ -79,30 +59,20 @@ def chat(
 
     Example: tallow chat smollm2:135m --system "Answer briefly."
     """
-    remote = o.endpoints(endpoint, api_key, offline)
+    remote = server.servers(offline)
     if remote:
-        o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
-                        "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
-                        "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
-                        "--on-overflow": on_overflow != "drop", "--mmproj": mmproj is not None,
-                        "--lora": bool(lora), "--reasoning-budget": reasoning_budget is not None})
-    grammar, schema = o.structured(format_, json_schema)
-    chat_settings = ChatSettings(replace(presets.sampling_base(), **(sampling_flags or {})), max_tokens,
-                                 o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, o.parse_draft(draft),
+        o.refuse_local({**load.given(), **drafting.given(), "--no-cache": no_cache,
+                        "--on-overflow": on_overflow != "drop", "--reasoning-budget": reasoning_budget is not None})
+    grammar, schema = shape.structured()
+    chat_settings = ChatSettings(replace(presets.sampling_base(), **sampling_flags), max_tokens,
+                                 o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, drafting.method(),
                                  grammar=grammar, reasoning_budget=reasoning_budget)
-    if not remote:
-        cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
-    load = None if remote else o.with_draft(o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k,
-                                                            cache_type_v), draft)
-    if load is not None:
-        load = replace(load, mmproj=o.checked_mmproj(mmproj), loras=o.loras(lora),
-                       placement=o.placement(device, main_gpu, split_mode, tensor_split))
-        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min, model)
-    name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema)
+    offline = offline or settings.offline()
+    local = None if remote else drafting.loaded(o.with_draft(load.settings(), drafting.draft), offline, model)
+    name, engine = open_engine(model, remote, local, offline, not no_cache, shape.format_, schema)
     with engine:
-        repl(Conversation(engine, chat_settings, system), name, hide_thinking, open_history(not no_log),
-             show_stats=not quiet and (stats or stderr_is_terminal()))
+        repl(Conversation(engine, chat_settings, system), name, show.hide_thinking, open_history(not no_log),
+             show_stats=show.stats_line())
 
 
 def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None,
@@ -201,8 +171,8 @@ def logprob_lines(entries: list[dict]) -> str:
 def _attach(conv: Conversation, path: str, say, noun: str = "image") -> None:
     from pathlib import Path
 
-    from tallow.runtime.audio import decode_wav
     from tallow.runtime.media import decode_image
+    from tallow.runtime.media.audio import decode_wav
 
     if not path:
         say(f"error: /{noun} needs a PATH", soft_wrap=True)

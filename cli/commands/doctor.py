@@ -51,7 +51,7 @@ def _threads_now(threads: int | None) -> int:
     """What an engine starting now would take: the cores other processes leave (a 0.2 s look)."""
     import time
 
-    from tallow.runtime.threads import Governor, Registry, physical_cores
+    from tallow.runtime.host.threads import Governor, Registry, physical_cores
 
     gov = Governor(physical_cores(), threads, Registry(settings.engines_dir()))
     time.sleep(0.2)
@@ -77,7 +77,7 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
     from tallow.cli.version import version
     from tallow.env.machine import machine_profile
     from tallow.runtime.calibration.machine import cpu_facts
-    from tallow.runtime.threads import physical_cores
+    from tallow.runtime.host.threads import physical_cores
 
     checks: list[dict] = []
     facts = cpu_facts()
@@ -89,7 +89,7 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
 
         backend.init()
         from tallow.runtime.calibration.machine import build_facts
-        from tallow.runtime.devices import backends, devices
+        from tallow.runtime.host.devices import backends, devices
 
         info = {"llama_cpp_python": build_facts()["llama_cpp_python"], "system_info": backend.system_info()}
         return {"info": info, "devices": [d.__dict__ for d in devices()], "backends": backends()}
@@ -128,7 +128,7 @@ def gather(threads: int | None, live: bool, recalibrate: bool) -> dict:
 
 def _decisions(devices: list[dict], prof) -> dict:
     """Which rule decides threads, flash attention and repacking, where the layers run."""
-    from tallow.runtime.threads import thread_rule
+    from tallow.runtime.host.threads import thread_rule
 
     repack = "as calibrated" if prof is None else ("on" if prof.repack else "off") + " (calibrated)"
     cpu = {"threads": thread_rule(None, True, False)[1],

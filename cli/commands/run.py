@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -16,12 +16,13 @@ from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.errors import EXIT_INTERRUPTED
 from tallow.cli.field_flags import with_sampling_flags
+from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ShowFlags, with_groups
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
 from tallow.env import settings
 from tallow.runtime.media import with_markers
-from tallow.runtime.types import FinalEvent, Request
+from tallow.runtime.types import FinalEvent, Request, Sampling
 
 
 def read_prompt(prompt: str | None) -> tuple[str, str | None]:
@@ -36,54 +37,50 @@ def read_prompt(prompt: str | None) -> tuple[str, str | None]:
     return text, (piped if piped and prompt else None)
 
 
+@dataclass(frozen=True)
+class ToolFlags:
+    """--tools: offer a file's tools, and print the answer and its calls as JSON."""
+
+    tools_file: Annotated[Optional[Path], typer.Option("--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False)] = None
+    tool_choice: Annotated[str, typer.Option("--tool-choice", help="With --tools: auto, required, none, or a tool's name.")] = "auto"
+    tool_format: o.ToolFormat = "auto"
+
+    def spec(self):
+        return _read_tools(self.tools_file, self.tool_choice, o.parse_tool_format(self.tool_format)) \
+            if self.tools_file is not None else None
+
+
+@dataclass(frozen=True)
+class HistoryFlags:
+    """The history log: continue a logged conversation, or leave this one out."""
+
+    continue_: Annotated[bool, typer.Option("--continue", "-c", help="Continue the most recent logged conversation.")] = False
+    cid: Annotated[Optional[str], typer.Option("--cid", help="Continue the logged conversation with this id.", show_default=False)] = None
+    no_log: o.NoLog = False
+
+
 @presets.with_preset
 @with_sampling_flags
+@with_groups(load=LoadFlags, drafting=DraftFlags, show=ShowFlags, tools=ToolFlags, past=HistoryFlags,
+             shape=FormatFlags, server=EndpointFlags)
 def run(
     model: o.Model,
     prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
                                  "Without one, on a terminal: an interactive chat.", show_default=False),
     system: o.System = None,
-    sampling_flags: dict | None = None,  # a flag for each sampling field of the table (cli/field_flags.py)
     max_tokens: o.MaxTokens = None,
     stop: o.Stop = None,
-    ctx: o.Ctx = None,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = "auto",
-    device: o.Device = None,
-    main_gpu: o.MainGpu = 0,
-    split_mode: o.SplitMode = "layer",
-    tensor_split: o.TensorSplit = None,
-    flash_attn: o.FlashAttn = "auto",
-    cache_type_k: o.CacheTypeK = "f16",
-    cache_type_v: o.CacheTypeV = "f16",
     raw: o.Raw = False,
     image: o.Image = None,
     audio: o.Audio = None,
-    mmproj: o.Mmproj = None,
-    lora: o.Lora = None,
     reasoning_budget: o.ReasoningBudget = None,
     offline: o.Offline = False,
     as_json: o.Json = False,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
-    stats: o.Stats = False,
-    quiet: o.Quiet = False,
-    hide_thinking: o.HideThinking = False,
-    no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
-    draft: o.Draft = None,
     n: int = typer.Option(1, "--n", min=1, max=16, help="Give N answers, each sampled with its own seed (--seed, then the next ones), from one evaluation of the prompt."),
-    draft_max: o.DraftMax = 16,
-    draft_min: o.DraftMin = 0,
-    draft_p_min: o.DraftPMin = 0.75,
-    format_: o.Format = None,
-    json_schema: o.JsonSchema = None,
-    tools_file: Optional[Path] = typer.Option(None, "--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False),
-    tool_choice: str = typer.Option("auto", "--tool-choice", help="With --tools: auto, required, none, or a tool's name."),
-    tool_format: o.ToolFormat = "auto",
-    continue_: bool = typer.Option(False, "--continue", "-c", help="Continue the most recent logged conversation."),
-    cid: Optional[str] = typer.Option(None, "--cid", help="Continue the logged conversation with this id.", show_default=False),
-    endpoint: o.Endpoint = None,
-    api_key: o.EndpointKey = None,
+    *, sampling_flags: dict, load: LoadFlags, drafting: DraftFlags, show: ShowFlags, tools: ToolFlags,
+    past: HistoryFlags, shape: FormatFlags, server: EndpointFlags,
 ) -> None:
     """Run a model on one prompt and stream the answer.
 
@@ -92,96 +89,144 @@ def run(
 
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
-    if logprobs is not None and not as_json:
-        raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
-    remote = o.endpoints(endpoint, api_key, offline)
-    if remote:
-        o.refuse_local({"--device": device is not None, "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
-                        "--tensor-split": tensor_split is not None, "--ctx": ctx is not None, "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto",
-                        "--flash-attn": flash_attn != "auto", "--cache-type-k": cache_type_k != "f16",
-                        "--cache-type-v": cache_type_v != "f16", "--draft": draft is not None, "--draft-max": o.draft_limits_given(draft_max, draft_min, draft_p_min), "--no-cache": no_cache,
-                        "--tools": tools_file is not None, "--tool-format": tool_format != "auto",
-                        "--image": bool(image), "--audio": bool(audio),
-                        "--mmproj": mmproj is not None, "--n": n > 1, "--lora": bool(lora),
-                        "--reasoning-budget": reasoning_budget is not None})
-    if n > 1 and tools_file is not None:
-        raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
-                                 param_hint="--n")
-    tool_spec = _read_tools(tools_file, tool_choice, o.parse_tool_format(tool_format)) if tools_file is not None else None
-    sampling = replace(presets.sampling_base(), **(sampling_flags or {}))
-    grammar, schema = o.structured(format_, json_schema)
-    history = open_history(not no_log)
-    conversation_id, earlier, system = _continued(history, continue_, cid, system)
+    remote = server.servers(offline)
+    _check(remote, load, drafting, tools, n, image, audio, reasoning_budget, no_cache, logprobs, as_json)
+    spec, (grammar, schema) = tools.spec(), shape.structured()
+    history = open_history(not past.no_log)
+    conversation_id, earlier, system = _continued(history, past.continue_, past.cid, system)
+    ask = Ask(model, system, max_tokens, tuple(stop or ()), raw, reasoning_budget, offline or settings.offline(),
+              as_json, logprobs, no_cache, n, replace(presets.sampling_base(), **sampling_flags), spec, grammar, schema)
     media = o.read_media(image, audio)
-    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and tool_spec is None
-    if media and prompt is None:
-        raise typer.BadParameter(f"{'an image' if image else 'audio'} needs a PROMPT to go with it", param_hint="PROMPT")
-    stdin_media = "-" in (image or ()) or "-" in (audio or ())
-    if n > 1 and interactive:
-        raise typer.BadParameter("several answers need a PROMPT (a chat answers each turn once)", param_hint="--n")
-    text, document = (None, None) if interactive else (prompt, None) if stdin_media else read_prompt(prompt)
-    if not remote:
-        cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
-    load = None if remote else o.load_settings(ctx, threads, gpu_layers, flash_attn, cache_type_k, cache_type_v)
-    if load is not None:
-        load = replace(load, mmproj=o.checked_mmproj(mmproj), loras=o.loras(lora),
-                       placement=o.placement(device, main_gpu, split_mode, tensor_split))
-    if load is not None and text is not None:
-        load = o.one_shot(load, text, max_tokens, draft is not None)
-    if load is not None:
-        load = o.draft_model(load, draft, offline or settings.offline(), draft_max, draft_min, draft_p_min, model)
-    if load is not None and n > 1:  # a sequence per answer
-        from tallow.cli.commands.run_n import load_for_n
-
-        load = load_for_n(load, n)
-    name, engine = open_engine(model, remote, load, offline or settings.offline(), not no_cache, format_, schema,
+    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and ask.tools is None
+    text, document = _prompt_text(prompt, interactive, media, image, audio, n)
+    local = None if remote else _local_load(load, drafting, ask, text)
+    name, engine = open_engine(model, remote, local, ask.offline, not no_cache, shape.format_, schema,
                                allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
                                media={m.kind for m in media})
     with engine:
         if interactive:
-            from tallow.cli.commands.chat import repl
-            from tallow.runtime.chat import ChatSettings, Conversation
-
-            conv = Conversation(engine, ChatSettings(sampling, max_tokens, "drop", tuple(stop or ()), raw,
-                                                     reasoning_budget=reasoning_budget), system, earlier)
-            return repl(conv, name, hide_thinking, history, conversation_id,
-                        show_stats=not quiet and (stats or stderr_is_terminal()))
+            return _interactive(engine, ask, name, earlier, show, history, conversation_id)
         assert text is not None  # read above, since this run is not interactive
-        head = ([{"role": "system", "content": system}] if system else []) + earlier
-        messages = head + [{"role": "user", "content": with_markers(text, len(media)), "media": media}
-                           if media else {"role": "user", "content": text}]
-        # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
-        prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
-        request = engine.request(messages, raw=raw, max_tokens=max_tokens, stop=tuple(stop or ()), sampling=sampling,
-                                 cache_prefixes=prefixes, disk_cache=not no_cache, draft=o.parse_draft(draft),
-                                 grammar=grammar, logprobs=logprobs, tools=_tool_choice(engine, tool_spec),
-                                 reasoning_budget=reasoning_budget)
-        if n > 1:
-            return _several(engine, request, n, name, conversation_id, history, system, text, as_json, logprobs,
-                            not quiet and (stats or (stderr_is_terminal() and not as_json)), grammar, schema)
-        tokens: list = []
-        final = _stream(engine, request, echo=not as_json and tool_spec is None,
-                        show_reasoning=not hide_thinking and stderr_is_terminal(),
-                        tokens=tokens if logprobs is not None else None)
-        if as_json or tool_spec is not None:
-            out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
-            if (facts := engine.load_facts()) is not None:
-                out["load"] = facts
-            if tool_spec is not None:
-                out.update(_calls(request, final, _tool_choice(engine, tool_spec)))
-            if logprobs is not None:
-                out["logprobs"] = {"content": engine.logprob_entries(tokens)}
-            sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
-        if not quiet and (stats or (stderr_is_terminal() and not as_json)):  # the JSON has the figures
-            err_console().print(stats_line(final), style="dim", soft_wrap=True)
-        if final.finish_reason != "interrupted":
-            engine.save_prompt(request)  # after everything is shown: saving never delays an answer
+        final = _answer(engine, ask, name, earlier, text, document, media, drafting, show, history, conversation_id)
+    if final is None:  # several answers, shown and logged
+        return
     log_turn(history, conversation_id, name, system, text, final)
     if final.finish_reason == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
     if grammar is not None:
         o.check_structured(final.text, final.finish_reason, schema)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a run asks of the model, once its flags are checked."""
+
+    model: str
+    system: str | None
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    raw: bool
+    reasoning_budget: int | None
+    offline: bool
+    as_json: bool
+    logprobs: int | None
+    no_cache: bool
+    n: int
+    sampling: Sampling
+    tools: Any
+    grammar: str | None
+    schema: Any
+
+
+def _check(remote, load: LoadFlags, drafting: DraftFlags, tools: ToolFlags, n: int, image, audio,
+           reasoning_budget, no_cache: bool, logprobs, as_json: bool) -> None:
+    """The flags that cannot go together, refused by name before anything loads."""
+    if logprobs is not None and not as_json:
+        raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
+    if remote:
+        o.refuse_local({**load.given(), **drafting.given(), "--no-cache": no_cache,
+                        "--tools": tools.tools_file is not None, "--tool-format": tools.tool_format != "auto",
+                        "--image": bool(image), "--audio": bool(audio), "--n": n > 1,
+                        "--reasoning-budget": reasoning_budget is not None})
+    if n > 1 and tools.tools_file is not None:
+        raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
+                                 param_hint="--n")
+
+
+def _prompt_text(prompt: str | None, interactive: bool, media: list, image, audio, n: int):
+    """(the prompt, a piped document before it): none for an interactive chat."""
+    if media and prompt is None:
+        raise typer.BadParameter(f"{'an image' if image else 'audio'} needs a PROMPT to go with it", param_hint="PROMPT")
+    if n > 1 and interactive:
+        raise typer.BadParameter("several answers need a PROMPT (a chat answers each turn once)", param_hint="--n")
+    if interactive:
+        return None, None
+    stdin_media = "-" in (image or ()) or "-" in (audio or ())
+    return (prompt, None) if stdin_media else read_prompt(prompt)
+
+
+def _local_load(load: LoadFlags, drafting: DraftFlags, ask: Ask, text: str | None):
+    """The local engine's load settings: the flags, the work this prompt will do, the draft
+    model, and a sequence per answer with --n."""
+    chosen = load.settings()
+    if text is not None:
+        chosen = o.one_shot(chosen, text, ask.max_tokens, drafting.draft is not None)
+    chosen = drafting.loaded(chosen, ask.offline, ask.model)
+    if ask.n > 1:
+        from tallow.cli.commands.run_n import load_for_n
+
+        chosen = load_for_n(chosen, ask.n)
+    return chosen
+
+
+def _interactive(engine, ask: Ask, name: str, earlier: list, show: ShowFlags, history, conversation_id):
+    from tallow.cli.commands.chat import repl
+    from tallow.runtime.chat import ChatSettings, Conversation
+
+    conv = Conversation(engine, ChatSettings(ask.sampling, ask.max_tokens, "drop", ask.stop, ask.raw,
+                                             reasoning_budget=ask.reasoning_budget), ask.system, earlier)
+    return repl(conv, name, show.hide_thinking, history, conversation_id, show_stats=show.stats_line())
+
+
+def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str | None, media: list,
+            drafting: DraftFlags, show: ShowFlags, history, conversation_id) -> FinalEvent | None:
+    """One answer streamed (or --n answers, shown and logged: None), its JSON and stats line."""
+    head = ([{"role": "system", "content": ask.system}] if ask.system else []) + earlier
+    messages = head + [{"role": "user", "content": with_markers(text, len(media)), "media": media}
+                       if media else {"role": "user", "content": text}]
+    # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
+    prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
+    request = engine.request(messages, raw=ask.raw, max_tokens=ask.max_tokens, stop=ask.stop, sampling=ask.sampling,
+                             cache_prefixes=prefixes, disk_cache=not ask.no_cache, draft=drafting.method(),
+                             grammar=ask.grammar, logprobs=ask.logprobs, tools=_tool_choice(engine, ask.tools),
+                             reasoning_budget=ask.reasoning_budget)
+    if ask.n > 1:
+        _several(engine, request, ask.n, name, conversation_id, history, ask.system, text, ask.as_json, ask.logprobs,
+                 show.stats_line(ask.as_json), ask.grammar, ask.schema)
+        return None
+    tokens: list = []
+    final = _stream(engine, request, echo=not ask.as_json and ask.tools is None,
+                    show_reasoning=not show.hide_thinking and stderr_is_terminal(),
+                    tokens=tokens if ask.logprobs is not None else None)
+    if ask.as_json or ask.tools is not None:
+        _print_json(engine, ask, name, conversation_id, request, final, tokens)
+    if show.stats_line(ask.as_json):  # the JSON has the figures
+        err_console().print(stats_line(final), style="dim", soft_wrap=True)
+    if final.finish_reason != "interrupted":
+        engine.save_prompt(request)  # after everything is shown: saving never delays an answer
+    return final
+
+
+def _print_json(engine, ask: Ask, name: str, conversation_id: str, request, final: FinalEvent, tokens: list) -> None:
+    out = {"model": name, "text": final.text, "conversation_id": conversation_id, **final.to_dict()}
+    if (facts := engine.load_facts()) is not None:
+        out["load"] = facts
+    if ask.tools is not None:
+        out.update(_calls(request, final, _tool_choice(engine, ask.tools)))
+    if ask.logprobs is not None:
+        out["logprobs"] = {"content": engine.logprob_entries(tokens)}
+    sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
 
 
 def _several(engine, request: Request, n: int, name: str, conversation_id: str, history, system, text,
@@ -190,7 +235,7 @@ def _several(engine, request: Request, n: int, name: str, conversation_id: str, 
     record has them); the stats line of them all; the first answer goes to the history log."""
     from tallow.cli.commands.run_n import answer_n, print_choices
     from tallow.jobs.batch import record
-    from tallow.runtime.forks import merged
+    from tallow.runtime.scheduling.forks import merged
 
     choices = answer_n(engine, request, n, logprobs is not None)
     if as_json:

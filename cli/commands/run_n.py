@@ -1,4 +1,4 @@
-"""run --n: several answers to one prompt, the prompt evaluated once (runtime/forks.py)."""
+"""run --n: several answers to one prompt, the prompt evaluated once (runtime/scheduling/forks.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def n_settings(n: int) -> SchedulerSettings:
 
 
 def load_for_n(load: LoadSettings, n: int) -> LoadSettings:
-    from tallow.runtime.scheduler import load_settings_for
+    from tallow.runtime.scheduling.scheduler import load_settings_for
 
     if load.flash_attn == "off":  # deterministic mode turns it on: refused, not overridden
         raise typer.BadParameter("several answers are decoded in deterministic mode, which needs flash attention",
@@ -31,8 +31,8 @@ def answer_n(engine, request: Request, n: int, logprobs: bool) -> list[tuple[Fin
     """The n choices' (final, log-probabilities or None), in order: a scheduler over run's
     engine (loaded with a sequence per choice) forks the prompt's cells to each. Ctrl-C
     cancels them all and exits as an interrupted run does, printing nothing half-done."""
-    from tallow.runtime.forks import submit_forks
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.forks import submit_forks
+    from tallow.runtime.scheduling.scheduler import Scheduler
 
     sched = Scheduler(engine, n_settings(n))
     handles: list = []

@@ -132,7 +132,7 @@ def serve(
     drafts.check_limits(draft)
     place = o.placement(device, main_gpu, split_mode, tensor_split)  # checked here; each runner makes its own
     if place.devices:
-        from tallow.runtime.devices import gpu_handles
+        from tallow.runtime.host.devices import gpu_handles
 
         gpu_handles(place.devices)  # an unknown device: one line now, not a runner that fails later
     ray_opts = _ray_options(ray, ray_replicas, ray_cpus_per_replica, ray_weights, offline, models or [], {
@@ -156,7 +156,7 @@ def serve(
                             reasoning_budget=reasoning_budget, usage=keys_db)
 
     if ray_opts is not None:
-        from tallow.cli.commands.serve_ray import Front, serve_on_ray
+        from tallow.cli.ray.serve import Front, serve_on_ray
 
         serve_on_ray(ray_opts, (models or [""])[0], replace(runner_base(None), aliases=tuple(alias or ())),
                      Front(host, port, key, tuple(cors or ()), drain_timeout), offline)
@@ -198,7 +198,7 @@ def _ray_options(address: str | None, replicas: int, cpus: int, weights: str, of
                  front_only: dict[str, bool]):
     """--ray's settings checked (None without --ray, whose other flags are then refused); the
     flags of the multi-model front have no meaning on Ray Serve and are refused by name."""
-    from tallow.cli.ray_connect import checked_options
+    from tallow.cli.ray.connect import checked_options
 
     opts = checked_options(address, replicas, cpus, weights, offline or settings.offline(),
                            ("--ray-replicas", "--ray-cpus-per-replica"), "replicas")
@@ -367,7 +367,7 @@ def _need(local, conf: RunnerConfig):
     """The fit check's estimate of a load (weights, and the projector a runner will load), without loading it."""
     from dataclasses import replace
 
-    from tallow.runtime.devices import gpu_free_memory
+    from tallow.runtime.host.devices import gpu_free_memory
     from tallow.runtime.loadplan import plan_memory
     from tallow.serve.front.pool import Need
 

@@ -212,7 +212,7 @@ def _show_fit(found, ctx: int | None, gpu_layers: str, as_json: bool, vram: int 
     `kv`: the KV cache's types and the flash attention they need."""
     from dataclasses import replace
 
-    from tallow.runtime.devices import gpu_free_memory
+    from tallow.runtime.host.devices import gpu_free_memory
     from tallow.runtime.loadplan import check_kv_types, plan_memory
 
     vram = vram if vram is not None else gpu_free_memory()
@@ -397,8 +397,8 @@ def import_model(
 
 
 def _import_adapter(st, path: Path, base: str, name: str | None, others: tuple) -> None:
+    from tallow.models.convert.peft_import import is_peft_adapter
     from tallow.models.create import import_adapter
-    from tallow.models.peft_import import is_peft_adapter
 
     if any(others):
         raise TallowError("--link, --mmproj and --type do not go with --base: an adapter is converted and stored")
@@ -412,6 +412,6 @@ def _import_adapter(st, path: Path, base: str, name: str | None, others: tuple) 
 
 
 def _pooling(metadata) -> str | None:
-    from tallow.models.bert_import import pooling_name  # numpy and safetensors: only for show
+    from tallow.models.convert.bert_import import pooling_name  # numpy and safetensors: only for show
 
     return pooling_name(metadata)

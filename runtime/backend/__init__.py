@@ -14,8 +14,8 @@ from collections import deque
 from pathlib import Path
 
 from tallow.common.errors import TallowError
-from tallow.runtime import interrupt
 from tallow.runtime.errors import BackendError
+from tallow.runtime.host import interrupt
 from tallow.runtime.types import ContextParams, Placement, SamplerParams  # noqa: F401 - Context's, Model's, Sampler's
 
 
@@ -48,7 +48,7 @@ _log_listeners: list = []  # callables(level, line) that want every line (quanti
 
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    try:  # nothing may escape into C (runtime/interrupt.py keeps Ctrl-C out of here)
+    try:  # nothing may escape into C (runtime/host/interrupt.py keeps Ctrl-C out of here)
         line = text.decode("utf-8", "replace") if text else ""
         _log_tail.append(line)
         for listen in _log_listeners:
@@ -68,7 +68,7 @@ def _progress_callback(progress: float, user_data: ctypes.c_void_p) -> bool:
 
 
 def _abort_callback():
-    """llama.cpp's abort callback as a C function (see runtime/interrupt.py), or None."""
+    """llama.cpp's abort callback as a C function (see runtime/host/interrupt.py), or None."""
     return C.ggml_abort_callback(interrupt.STRLEN) if interrupt.STRLEN else None
 
 

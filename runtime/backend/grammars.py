@@ -1,4 +1,4 @@
-"""llama.cpp's JSON grammars, from llama-cpp-python's converter (runtime/grammar.py uses them)."""
+"""llama.cpp's JSON grammars, from llama-cpp-python's converter (runtime/grammar/__init__.py uses them)."""
 
 from __future__ import annotations
 

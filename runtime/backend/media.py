@@ -15,8 +15,8 @@ from pathlib import Path
 
 import llama_cpp.llama_cpp as C
 
-from tallow.runtime import interrupt
 from tallow.runtime.backend import Context, Model, clear_log_tail, last_log_error, load_failure, log_sink
+from tallow.runtime.host import interrupt
 
 try:
     import llama_cpp.mtmd_cpp as M

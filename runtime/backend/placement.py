@@ -6,7 +6,7 @@ import ctypes
 
 import llama_cpp.llama_cpp as C
 
-from tallow.runtime.devices import gpu_handles
+from tallow.runtime.host.devices import gpu_handles
 from tallow.runtime.types import Placement
 
 _SPLIT = {"none": 0, "layer": 1, "row": 2}

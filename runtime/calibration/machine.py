@@ -218,7 +218,7 @@ def build_facts() -> dict:
     the size and time of its libraries (a rebuild for another CPU changes them)."""
     from importlib.metadata import version
 
-    from tallow.runtime.devices import lib_dir
+    from tallow.runtime.host.devices import lib_dir
 
     facts: dict[str, Any] = {"llama_cpp_python": version("llama-cpp-python")}
     folder = lib_dir()
@@ -246,7 +246,7 @@ def profile(path: Path, opts: ProbeOptions, notice: Callable[[str], None] = lamb
         cached = _read(path).get("profiles", {}).get(key)
         if cached and not refresh:
             return Profile(**cached)
-        from tallow.runtime.devices import extra_buffer_types
+        from tallow.runtime.host.devices import extra_buffer_types
 
         notice("note: measuring this machine once (~10 s; the result is kept for later runs)")
         found = calibrate(full, key, list(extra_buffer_types()), opts, notice)

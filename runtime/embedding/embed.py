@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from tallow.common.errors import TallowError
-from tallow.models.bert_import import POOLING
-from tallow.models.bert_import import POOLING_NAMES as NAMES
+from tallow.models.convert.bert_import import POOLING
+from tallow.models.convert.bert_import import POOLING_NAMES as NAMES
 
 
 class InputTooLong(TallowError):
@@ -33,7 +33,7 @@ class Shaping:
 
 def declared_pooling(paths) -> str | None:
     """The pooling a GGUF declares (an embedding model or a reranker), or None (a chat model)."""
-    from tallow.models.bert_import import pooling_name
+    from tallow.models.convert.bert_import import pooling_name
     from tallow.models.gguf_file import read_gguf
 
     return pooling_name(read_gguf(paths[0] if isinstance(paths, list) else paths).metadata)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tallow.common.errors import TallowError
-from tallow.models.bert_import import pooling_name
+from tallow.models.convert.bert_import import pooling_name
 from tallow.models.create import modelfile_of
 from tallow.models.errors import InvalidName, ModelNotFound, NameTaken
 from tallow.models.gguf_file import read_gguf

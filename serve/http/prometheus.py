@@ -6,7 +6,7 @@ from typing import Sequence
 
 
 def histogram(name: str, help_text: str, h) -> list[str]:
-    """A runtime Histogram (runtime/histogram.py) as cumulative buckets."""
+    """A runtime Histogram (runtime/scheduling/histogram.py) as cumulative buckets."""
     buckets, counts, total = h.snapshot()
     out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
     running = 0

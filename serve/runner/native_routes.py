@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from importlib.metadata import version
 from typing import Any
 
@@ -33,17 +35,31 @@ class NativeRoutes:
                 Route("/props", self.props, methods=["GET"]), Route("/slots", self.slots, methods=["GET"])]
 
     async def completion(self, request: HTTPRequest) -> Response:
+        """/completion, /completions and /infill: one prompt answered (streamed or whole), or
+        several (llama.cpp's array of prompts), each as its own request, answered as a list."""
         app, path = self.app, request.url.path.replace("/completions", "/completion")
         body, size = await app.body_of(request)
+        bodies = llamacpp_api.split(body)
+        if len(bodies) == 1:
+            return await self.one(request, body, size, path)
+        answers = await asyncio.gather(*(self.one(request, b, size, path, i) for i, b in enumerate(bodies)))
+        return JSONResponse([json.loads(bytes(a.body)) for a in answers])
+
+    async def one(self, request: HTTPRequest, body: dict[str, Any], size: int, path: str, index: int = 0) -> Response:
+        app = self.app
         parsed = llamacpp_api.parse(body, app.limits, path)
         engine, prompt = app.engine, parsed.prompt or ""
-        if path == "/infill":
-            tokens = await run_in_threadpool(llamacpp_api.infill_tokens, engine, body, prompt)
+        llamacpp_api.text_bias(engine, parsed)
+        if parsed.messages is not None:  # a prompt with images: tokenized with them (Engine.request, raw)
+            shown = parsed.extra["shown"] or ""
         else:
-            tokens = await run_in_threadpool(llamacpp_api.tokens_of, engine, prompt)
-        shown = prompt if isinstance(prompt, str) else engine.model.detokenize(tokens).decode("utf-8", "replace")
-        parsed.prompt = tokens
-        adapter = llamacpp_api.NativeAdapter(parsed, app.cfg.model, engine.model.piece, shown)
+            if path == "/infill":
+                tokens = await run_in_threadpool(llamacpp_api.infill_tokens, engine, body, prompt)
+            else:
+                tokens = await run_in_threadpool(llamacpp_api.tokens_of, engine, prompt)
+            shown = prompt if isinstance(prompt, str) else engine.model.detokenize(tokens).decode("utf-8", "replace")
+            parsed.prompt = tokens
+        adapter = llamacpp_api.NativeAdapter(parsed, app.cfg.model, engine.model.piece, shown, index)
         return await app.answer(request, parsed, size, adapter)
 
     async def tokenize(self, request: HTTPRequest) -> Response:

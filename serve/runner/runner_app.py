@@ -22,9 +22,9 @@ from starlette.routing import Route
 
 from tallow.common.errors import TallowError
 from tallow.runtime.errors import ContextOverflow
-from tallow.runtime.forks import merged, submit_forks
-from tallow.runtime.handle import Failure, QueueFull
-from tallow.runtime.scheduler import Scheduler
+from tallow.runtime.scheduling.forks import merged, submit_forks
+from tallow.runtime.scheduling.handle import Failure, QueueFull
+from tallow.runtime.scheduling.scheduler import Scheduler
 from tallow.runtime.types import DraftLimits, FinalEvent, TokenEvent
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body

@@ -64,7 +64,7 @@ def main() -> int:
     from helpers.processes import shared_home
 
     from benchmarks.llamabench import tallow_env
-    from tallow.runtime.threads import physical_cores
+    from tallow.runtime.host.threads import physical_cores
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)

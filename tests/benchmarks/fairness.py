@@ -6,7 +6,7 @@ banned); key B sends requests one after the other (each when the previous has fi
 for as long as A's flood lasts. Measured, alternating round by round:
   idle  8 of B's requests alone on the scheduler: its TTFT with nobody else there
   fcfs  the flood and B with no tenants (first come, first served: what tallow did before)
-  fair  the same, A and B as two tenants (runtime/admission.py)
+  fair  the same, A and B as two tenants (runtime/scheduling/admission.py)
 Reported: B's median TTFT in each, how many requests B got in during the flood, and the
 aggregate decode throughput (all tokens of A and B over the time from the first submission
 to the last token).
@@ -83,7 +83,7 @@ def run(sched, flood: int, tenants: tuple[str | None, str | None]) -> tuple[list
 
 
 def main() -> int:
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, SchedulerSettings
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

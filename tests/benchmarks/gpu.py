@@ -31,7 +31,7 @@ TESTS = ("pp512", "tg128")
 
 def backend_flags() -> tuple[str, tuple[str, ...]] | None:
     """(flavour, CMake flags) for the GPU backend the installed llama.cpp offloads to."""
-    from tallow.runtime.devices import devices
+    from tallow.runtime.host.devices import devices
 
     gpu = next((d for d in devices() if d.kind in ("gpu", "igpu")), None)
     if gpu is None:

@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, LoraSpec, SchedulerSettings
 
     model = args.model or default_model()

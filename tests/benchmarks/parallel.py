@@ -114,7 +114,7 @@ def over_http(url: str, token_prompts: list[list[int]]) -> dict:
 
 def measure(model: Path, n: int, mode: str, reps: int) -> tuple[dict, list[list[list[int]]]]:
     """The best of `reps` rounds of n requests (after one warm-up round), in this process."""
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, SchedulerSettings
 
     load = LoadSettings(n_ctx=n * (N_PROMPT + N_GEN + 16), n_threads=THREADS)

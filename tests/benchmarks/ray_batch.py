@@ -50,7 +50,7 @@ def call_latencies(model: Path, address: str) -> tuple[list[float], list[float]]
     from tallow.jobs.ray_actor import ActorSpec
     from tallow.jobs.ray_pool import PoolSettings, RayPool
     from tallow.runtime.node_weights import plan
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, SchedulerSettings
     from tallow.wire.request import Limits
 

@@ -61,7 +61,7 @@ def main() -> int:
     from benchmarks.llamabench import run_llama_bench, setup
     from tallow.models.resolve import locate
     from tallow.models.store import Store
-    from tallow.runtime.threads import physical_cores
+    from tallow.runtime.host.threads import physical_cores
 
     args, home, env, binary = setup(reps=5)
     threads = physical_cores()

@@ -86,7 +86,7 @@ def test_bench_rows_at_no_and_all_layers(default_home):
 
 
 def test_a_named_device_takes_the_layers(default_home):
-    from tallow.runtime.devices import devices
+    from tallow.runtime.host.devices import devices
 
     gpu = next(d.name for d in devices() if d.kind in ("gpu", "igpu"))
     r = run_tallow(["run", "smollm2:135m", PROMPT, "-n", "4", "--json", "--device", gpu, "--split-mode", "none",

@@ -24,14 +24,14 @@ from typing import Any, Callable
 
 from tallow.common.errors import TallowError
 from tallow.runtime.adapters import Turns
-from tallow.runtime.admission import FairQueue
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import BackendError, ContextOverflow
-from tallow.runtime.handle import Event, Failure, Handle, QueueFull
-from tallow.runtime.media_prefill import MediaPrefill
-from tallow.runtime.sched_stats import Stats
+from tallow.runtime.media.prefill import MediaPrefill
+from tallow.runtime.scheduling.admission import FairQueue
+from tallow.runtime.scheduling.handle import Event, Failure, Handle, QueueFull
+from tallow.runtime.scheduling.sched_stats import Stats
+from tallow.runtime.scheduling.step_calls import plan_calls
 from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
-from tallow.runtime.step_calls import plan_calls
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings
 
 
@@ -96,7 +96,7 @@ class Scheduler:
         self.unified = settings.kv_unified and not settings.deterministic
         self.capacity = self.n_ctx if self.unified else self.n_ctx // settings.parallel
         self.slots = [_Slot(ctx, i) for i in range(settings.parallel)]
-        self._waiting = FairQueue()  # runtime/admission.py: tenants (API keys) in turn
+        self._waiting = FairQueue()  # runtime/scheduling/admission.py: tenants (API keys) in turn
         self._active: list[_Job] = []  # admitted, in admission order
         self._cond = threading.Condition()
         self._closing = False

@@ -5,7 +5,7 @@ sequence ids), and keeps its KV cells between requests: before each draft it dro
 differs from the target's tokens and evaluates only the rest, so a chat never re-prefills
 its history into the draft. It drafts greedily, stopping where its own top probability falls
 under p_min. The target verifies the draft as it verifies lookup drafts
-(runtime/speculative.verify: each position sampled from the target's own logits and the
+(runtime/drafting/speculative.verify: each position sampled from the target's own logits and the
 draft kept while it agrees), so the answer is the target's, token for token, at any
 temperature and seed.
 
@@ -19,7 +19,7 @@ when the text becomes predictable. A draft that is right 90% of the time drafts 
 longest timed call until long drafts' costs are known. In a busy step (many sequences
 decoding together) a verified row costs more of a sequence's share, so drafting stops on
 its own once enough sequences are busy. The costs are measured as it runs, calls and
-whole steps (runtime/draft_costs.py).
+whole steps (runtime/drafting/draft_costs.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tallow.models.draft_pick import VOCAB_SIZE_TOLERANCE
-from tallow.runtime.draft_costs import StepCosts, row_cost
+from tallow.runtime.drafting.draft_costs import StepCosts, row_cost
 from tallow.runtime.errors import DraftError
 from tallow.runtime.sequence import Sequence, common_prefix
 from tallow.runtime.types import ContextParams, DraftLimits
@@ -126,7 +126,7 @@ class DraftContext:
 
     def draft(self, wanted: list[tuple[ModelDrafter, int]]) -> list[list[int]]:
         """Drafts for several sequences, each up to its length, evaluated in shared batches;
-        the calls are timed for the length rule (runtime/draft_costs.py)."""
+        the calls are timed for the length rule (runtime/drafting/draft_costs.py)."""
         todo = [(d, n) for d, n in wanted if n > 0]
         out: dict[int, list[int]] = {id(d): [] for d, _ in wanted}
         if not todo:

@@ -1,4 +1,4 @@
-"""One scheduler step's llama_decode calls (runtime/scheduler.py): the decoding rows, drafts,
+"""One scheduler step's llama_decode calls (runtime/scheduling/scheduler.py): the decoding rows, drafts,
 and prefill chunks, packed by sequence; and the batch-invariant way of packing them, for a
 deterministic scheduler and for every request that gives a seed (docs/DESIGN.md, "Scheduler,
 KV layout and batch invariance").
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tallow.runtime.admission import prefill_order
-from tallow.runtime.draft_model import propose_all
-from tallow.runtime.media_prefill import next_span, span_at
+from tallow.runtime.drafting.draft_model import propose_all
+from tallow.runtime.media.prefill import next_span, span_at
+from tallow.runtime.scheduling.admission import prefill_order
 
 DET_CHUNK = 63  # below flash attention's tiled kernel (64 query rows), which rounds differently
 
@@ -40,7 +40,7 @@ def by_sequence(entries: list[Entry], wants: list[tuple[int, Any]]):
 
 
 def drafts(sched, decoding: list, spare: int) -> dict[int, list[int]]:
-    """This step's drafts, by job (runtime/draft_model.propose_all)."""
+    """This step's drafts, by job (runtime/drafting/draft_model.propose_all)."""
     jobs = [job for job in decoding if job.drafter is not None]
     rooms = [(job.drafter, min(job.limit - len(job.held.kv) - 1, spare)) for job in jobs]
     # deterministic mode: a sequence's drafts (hence its rows) never depend on how many others decode

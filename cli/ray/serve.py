@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from tallow.cli.ray_connect import SHIP_MAX, RayOptions, actor_count, connect, import_ray, node_load
+from tallow.cli.ray.connect import SHIP_MAX, RayOptions, actor_count, connect, import_ray, node_load
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tallow.runtime.histogram import Histogram
+from tallow.runtime.scheduling.histogram import Histogram
 from tallow.runtime.types import FinalEvent
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tallow.cli.ray_connect import SHIP_MAX, RayOptions, actor_count, connect, import_ray, node_load
+from tallow.cli.ray.connect import SHIP_MAX, RayOptions, actor_count, connect, import_ray, node_load
 
 
 def run_on_ray(opts: RayOptions, local, load, sched, limits, forced_format, fleet_settings, input: Path, out,

@@ -29,7 +29,7 @@ class MediaError(TallowError):
 @dataclass(frozen=True)
 class Media:
     """Decoded media: an image's RGB bytes (width x height x 3), or audio's float32 mono
-    samples (width of them, height 1, at `rate` a second: runtime/audio.py); `key` is a hash
+    samples (width of them, height 1, at `rate` a second: runtime/media/audio.py); `key` is a hash
     of them."""
     kind: str
     key: str

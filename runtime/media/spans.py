@@ -74,8 +74,8 @@ def text_only(tokens: list[int]) -> list[int]:
 def media_prompt(projector, model, name: str, text: str, media: list) -> tuple[list, tuple]:
     """A rendered prompt with media in it, as the projector tokenizes it: (tokens with media
     cells, spans); `model` (a runtime.backend.Model) gives the BOS, `name` the errors."""
-    from tallow.runtime.audio import resample
     from tallow.runtime.media import MediaError, media_noun, missing_encoder
+    from tallow.runtime.media.audio import resample
 
     if projector is None:
         raise MediaError(f"{name} has no projector: it cannot take {media_noun({m.kind for m in media})}",

@@ -1,5 +1,5 @@
 """A request as its submitter holds it: a Handle to read its events from and to cancel it,
-and what can go wrong before or while it runs (runtime/scheduler.py runs it)."""
+and what can go wrong before or while it runs (runtime/scheduling/scheduler.py runs it)."""
 
 from __future__ import annotations
 

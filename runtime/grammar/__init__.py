@@ -101,7 +101,7 @@ def load_schema(text: str) -> Schema:
         raise GrammarError("a JSON schema must be an object", "e.g. '{\"type\": \"object\"}'")
     from jsonschema import Draft7Validator, Draft202012Validator, SchemaError
 
-    from tallow.runtime.schema_dialect import dialect, to_latest
+    from tallow.runtime.grammar.schema_dialect import dialect, to_latest
 
     older = dialect(schema) == "draft-07"
     try:

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from tallow.runtime.multimodal import Span
+from tallow.runtime.media.spans import Span
 
 
 class MediaPrefill:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Callable
 from tallow.runtime.types import FinalEvent, Request
 
 if TYPE_CHECKING:  # the wire layer merges usage without loading the engine
-    from tallow.runtime.handle import Event, Handle
-    from tallow.runtime.scheduler import Scheduler
+    from tallow.runtime.scheduling.handle import Event, Handle
+    from tallow.runtime.scheduling.scheduler import Scheduler
 
 
 def forks(request: Request, n: int) -> list[Request]:

@@ -1,0 +1,1 @@
+"""tallow on a Ray cluster: reaching it (connect.py), batch --ray (batch.py), serve --ray (serve.py)."""

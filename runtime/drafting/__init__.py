@@ -1,0 +1,1 @@
+"""Speculative decoding: lookup drafts, a draft model, and what drafting costs."""
