@@ -41,9 +41,19 @@ def with_groups(**groups: type) -> Callable[[Callable[..., Any]], Callable[..., 
 
 
 @dataclass(frozen=True)
+class ModelFiles:
+    """Files loaded with the model: a projector in place of the stored one, LoRA adapters."""
+
+    mmproj: o.Mmproj = None
+    lora: o.Lora = None
+
+    def given(self) -> dict[str, bool]:
+        return {"--mmproj": self.mmproj is not None, "--lora": bool(self.lora)}
+
+
+@dataclass(frozen=True)
 class LoadFlags:
-    """How the local engine loads the model: context, threads, GPUs, attention, KV cache,
-    projector and adapters."""
+    """How the local engine loads the model: context, threads, GPUs, attention, KV cache."""
 
     ctx: o.Ctx = None
     threads: o.Threads = None
@@ -55,8 +65,6 @@ class LoadFlags:
     flash_attn: o.FlashAttn = "auto"
     cache_type_k: o.CacheTypeK = "f16"
     cache_type_v: o.CacheTypeV = "f16"
-    mmproj: o.Mmproj = None
-    lora: o.Lora = None
 
     def given(self) -> dict[str, bool]:
         """Each flag, and whether it was set (with --endpoint, a local flag is refused by name)."""
@@ -64,15 +72,16 @@ class LoadFlags:
                 "--gpu-layers": self.gpu_layers != "auto", "--device": self.device is not None,
                 "--main-gpu": self.main_gpu != 0, "--split-mode": self.split_mode != "layer",
                 "--tensor-split": self.tensor_split is not None, "--flash-attn": self.flash_attn != "auto",
-                "--cache-type-k": self.cache_type_k != "f16", "--cache-type-v": self.cache_type_v != "f16",
-                "--mmproj": self.mmproj is not None, "--lora": bool(self.lora)}
+                "--cache-type-k": self.cache_type_k != "f16", "--cache-type-v": self.cache_type_v != "f16"}
 
-    def settings(self):
-        """runtime.types.LoadSettings from the flags, each checked."""
+    def settings(self, files: ModelFiles | None = None):
+        """runtime.types.LoadSettings from the flags (and the files given), each checked."""
         type_k, type_v, flash_attn = o.cache_types(self.cache_type_k, self.cache_type_v, self.flash_attn)
         load = o.load_settings(self.ctx, self.threads, self.gpu_layers, flash_attn, type_k, type_v)
-        return replace(load, mmproj=o.checked_mmproj(self.mmproj), loras=o.loras(self.lora),
-                       placement=o.placement(self.device, self.main_gpu, self.split_mode, self.tensor_split))
+        load = replace(load, placement=o.placement(self.device, self.main_gpu, self.split_mode, self.tensor_split))
+        if files is None:
+            return load
+        return replace(load, mmproj=o.checked_mmproj(files.mmproj), loras=o.loras(files.lora))
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,15 @@ def test_modules_stay_under_500_lines():
     assert not long, long
 
 
+def test_commands_stay_thin():
+    """No function in cli/ over 60 lines: flags come in typed groups (cli/flag_groups.py), the
+    work in the layers below."""
+    long = [f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for pkg, p, tree in modules() if pkg == "cli" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, long
+
+
 def test_no_package_holds_more_than_20_flat_modules():
     """Rooms with walls: a package grows sub-packages by role before it becomes a hall."""
     crowded = []

@@ -5,13 +5,15 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from tallow.cli import options as o
+from tallow.cli.flag_groups import EndpointFlags, with_groups
 from tallow.cli.models import find_model
 from tallow.cli.render import animated, emit_rows, err_console, human_bytes, human_count
 from tallow.env import settings
@@ -38,40 +40,76 @@ def _layer_choices(value: str) -> list[str]:
     return [o.parse_gpu_layers(v) for v in value.split(",") if v.strip()] or [o.parse_gpu_layers("")]
 
 
+@dataclass(frozen=True)
+class LocalBench:
+    """llama-bench's settings, each a comma-separated list to run every combination of."""
+
+    pg: Annotated[Optional[list[str]], typer.Option("-pg", help="pp+tg tests: PROMPT,GEN (repeatable).", show_default=False)] = None
+    depth: Annotated[str, typer.Option("-d", "--n-depth", help="Context depths to run each test at.")] = "0"
+    reps: Annotated[int, typer.Option("-r", "--repetitions", min=1, help="Repetitions of each test.")] = 5
+    threads: Annotated[Optional[str], typer.Option("-t", "--threads", help="Thread counts [default: physical cores].", show_default=False)] = None
+    batch: Annotated[str, typer.Option("-b", "--batch-size", help="Batch sizes.")] = "512"
+    gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="GPU layers, comma-separated: auto (what run uses), all, or a number.")] = "auto"
+    device: o.Device = None
+    main_gpu: o.MainGpu = 0
+    split_mode: o.SplitMode = "layer"
+    tensor_split: o.TensorSplit = None
+    ctk: Annotated[str, typer.Option("--ctk", "--cache-type-k", help="K cache type.")] = "f16"
+    ctv: Annotated[str, typer.Option("--ctv", "--cache-type-v", help="V cache type.")] = "f16"
+    flash_attn: Annotated[str, typer.Option("--flash-attn", "-fa", help="Flash attention: auto, on or off.")] = "auto"
+
+    def given(self) -> dict[str, bool]:
+        return {"-pg": bool(self.pg), "-d": self.depth != "0", "-r": self.reps != 5, "-t": self.threads is not None,
+                "-b": self.batch != "512", "--gpu-layers": self.gpu_layers != "auto", "--device": self.device is not None,
+                "--main-gpu": self.main_gpu != 0, "--split-mode": self.split_mode != "layer",
+                "--tensor-split": self.tensor_split is not None, "--ctk": self.ctk != "f16", "--ctv": self.ctv != "f16",
+                "-fa": self.flash_attn != "auto"}
+
+
+@dataclass(frozen=True)
+class LoadTest:
+    """With --endpoint: the load a server is put under, and the SLO it is held to."""
+
+    rate: Annotated[Optional[str], typer.Option("--rate", help="With --endpoint: Poisson arrival rates to load it at (requests/s, e.g. 0.5,1,2).", show_default=False)] = None
+    num_requests: Annotated[int, typer.Option("--num-requests", min=1, max=100_000, help="With --endpoint: requests per load point.")] = 32
+    max_seconds: Annotated[float, typer.Option("--max-seconds", callback=o.finite, min=1.0, help="With --endpoint: no new request after this long, per load point.")] = 120.0
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="With --endpoint: a JSONL file of real requests ({\"prompt\"} or {\"messages\"}) instead of synthetic ones.", show_default=False)] = None
+    ttft_ms: Annotated[Optional[float], typer.Option("--ttft-ms", callback=o.finite, min=1.0, help="With --endpoint: an explicit SLO: TTFT limit in ms (with --tpot-ms).", show_default=False)] = None
+    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", "--itl-ms", callback=o.finite, min=0.1, help="With --endpoint: an explicit SLO: ms per output token after the first.", show_default=False)] = None
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask for exactly -n tokens (vLLM, llama.cpp and tallow serve take it).")] = False
+
+    def given(self) -> dict[str, bool]:
+        return {"--rate": self.rate is not None, "--num-requests": self.num_requests != 32,
+                "--max-seconds": self.max_seconds != 120.0, "--prompts": self.prompts is not None,
+                "--ttft-ms": self.ttft_ms is not None, "--tpot-ms": self.tpot_ms is not None,
+                "--ignore-eos": self.ignore_eos}
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where the figures go: the format, a file to save them to, saved ones to compare with."""
+
+    output: Annotated[str, typer.Option("-o", "--output", help="table, json, jsonl, csv or md.")] = "table"
+    as_json: Annotated[bool, typer.Option("--json", help="Same as -o json.")] = False
+    save: Annotated[Optional[Path], typer.Option("--save", help="Also write the results (JSON) to FILE.", show_default=False)] = None
+    compare: Annotated[Optional[Path], typer.Option("--compare", help="Show the change against results saved with --save.", show_default=False)] = None
+
+    def format(self) -> str:
+        output = "json" if self.as_json else self.output
+        if output not in FORMATS:
+            raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--output")
+        return output
+
+
+@with_groups(local=LocalBench, report=Report, server=EndpointFlags, load=LoadTest)
 def bench(
     models: list[str] = typer.Argument(..., help="Models to measure.", show_default=False, autocompletion=o.complete_model),
     n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="Prompt lengths for pp tests (0: none)."),
     n_gen: str = typer.Option("128", "-n", "--n-gen", help="Generation lengths for tg tests (0: none)."),
-    pg: Optional[list[str]] = typer.Option(None, "-pg", help="pp+tg tests: PROMPT,GEN (repeatable).", show_default=False),
-    depth: str = typer.Option("0", "-d", "--n-depth", help="Context depths to run each test at."),
-    reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions of each test."),
-    threads: Optional[str] = typer.Option(None, "-t", "--threads", help="Thread counts [default: physical cores].", show_default=False),
-    batch: str = typer.Option("512", "-b", "--batch-size", help="Batch sizes."),
-    gpu_layers: str = typer.Option("auto", "--gpu-layers", "-ngl",
-                                   help="GPU layers, comma-separated: auto (what run uses), all, or a number."),
-    device: o.Device = None,
-    main_gpu: o.MainGpu = 0,
-    split_mode: o.SplitMode = "layer",
-    tensor_split: o.TensorSplit = None,
-    ctk: str = typer.Option("f16", "--ctk", "--cache-type-k", help="K cache type."),
-    ctv: str = typer.Option("f16", "--ctv", "--cache-type-v", help="V cache type."),
-    flash_attn: str = typer.Option("auto", "--flash-attn", "-fa", help="Flash attention: auto, on or off."),
     parallel: Optional[str] = typer.Option(None, "--parallel", help="Also decode N sequences at once (aggregate tok/s), for each N.", show_default=False),
     slo: Optional[str] = typer.Option(None, "--slo", help="interactive or server: the most parallel sequences that still meet MLPerf's TTFT and per-token targets.", show_default=False),
-    output: str = typer.Option("table", "-o", "--output", help="table, json, jsonl, csv or md."),
-    as_json: bool = typer.Option(False, "--json", help="Same as -o json."),
-    save: Optional[Path] = typer.Option(None, "--save", help="Also write the results (JSON) to FILE.", show_default=False),
-    compare: Optional[Path] = typer.Option(None, "--compare", help="Show the change against results saved with --save.", show_default=False),
     offline: o.Offline = False,
-    endpoint: o.Endpoint = None,
-    api_key: o.EndpointKey = None,
-    rate: Optional[str] = typer.Option(None, "--rate", help="With --endpoint: Poisson arrival rates to load it at (requests/s, e.g. 0.5,1,2).", show_default=False),
-    num_requests: int = typer.Option(32, "--num-requests", min=1, max=100_000, help="With --endpoint: requests per load point."),
-    max_seconds: float = typer.Option(120.0, "--max-seconds", callback=o.finite, min=1.0, help="With --endpoint: no new request after this long, per load point."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="With --endpoint: a JSONL file of real requests ({\"prompt\"} or {\"messages\"}) instead of synthetic ones.", show_default=False),
-    ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", callback=o.finite, min=1.0, help="With --endpoint: an explicit SLO: TTFT limit in ms (with --tpot-ms).", show_default=False),
-    tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", "--itl-ms", callback=o.finite, min=0.1, help="With --endpoint: an explicit SLO: ms per output token after the first.", show_default=False),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="With --endpoint: ask for exactly -n tokens (vLLM, llama.cpp and tallow serve take it)."),
+    *, local: LocalBench, report: Report, server: EndpointFlags, load: LoadTest,
 ) -> None:
     """Measure prefill and decode speed, like llama-bench.
 
@@ -85,69 +123,67 @@ def bench(
       tallow bench smollm2:135m -p 512 -n 128 -t 1,2 -o md
       tallow bench smollm2:135m --endpoint http://127.0.0.1:8080/v1 --parallel 1,4 --slo server
     """
-    if as_json:
-        output = "json"
-    if output not in FORMATS:
-        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--output")
-    o.parse_flash_attn(flash_attn)
+    output = report.format()
+    o.parse_flash_attn(local.flash_attn)
     from tallow.runtime.bench import SLO
 
     if slo is not None and slo not in SLO:
         raise typer.BadParameter("use interactive or server", param_hint="--slo")
-    remote = o.endpoints(endpoint, api_key, offline)
-    remote_only = {"--rate": rate is not None, "--num-requests": num_requests != 32, "--max-seconds": max_seconds != 120.0,
-                   "--prompts": prompts is not None, "--ttft-ms": ttft_ms is not None, "--tpot-ms": tpot_ms is not None,
-                   "--ignore-eos": ignore_eos}
+    remote = server.servers(offline)
     if remote:
-        o.refuse_local({"-pg": bool(pg), "-d": depth != "0", "-r": reps != 5, "-t": threads is not None, "-b": batch != "512",
-                        "--gpu-layers": gpu_layers != "auto", "--device": device is not None,
-                        "--main-gpu": main_gpu != 0, "--split-mode": split_mode != "layer",
-                        "--tensor-split": tensor_split is not None, "--ctk": ctk != "f16", "--ctv": ctv != "f16",
-                        "-fa": flash_attn != "auto"})
-        return _remote(models, remote[0], n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpot_ms, num_requests,
-                       max_seconds, prompts, ignore_eos, output, save, compare)
-    for flag, used in remote_only.items():
+        o.refuse_local(local.given())
+        return _remote(models, remote[0], n_prompt, n_gen, parallel, slo, load, output, report)
+    for flag, used in load.given().items():
         if used:
             raise typer.BadParameter("this is for loading a server: give --endpoint", param_hint=flag)
-    parallel_ns = _ints(parallel, "--parallel", 1) if parallel else ([1, 2, 4, 8, 16] if slo else [])
-    tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pg or [], _ints(depth, "-d"))
-    if not tests:
-        raise typer.BadParameter("no tests: give -p, -n or -pg", param_hint="-p/-n/-pg")
-    from tallow.runtime.host.threads import physical_cores
-
-    combos = list(itertools.product(_ints(threads, "-t", 1) if threads else [physical_cores()],
-                                    _ints(batch, "-b", 1), _layer_choices(gpu_layers)))
-    baseline = _load_saved(compare) if compare else None
-    local = [find_model(m, offline=offline or settings.offline()) for m in models]
-    place = o.placement(device, main_gpu, split_mode, tensor_split)
-    rows = _measure(local, tests, combos, reps, ctk, ctv, flash_attn, place)
-    if parallel_ns:
-        p, n = (_ints(n_prompt, "-p")[0] or 128), (_ints(n_gen, "-n")[0] or 32)
-        rows += _measure_parallel(local, parallel_ns, p, n, combos[0], min(reps, 3), ctk, ctv, flash_attn, place)
-    if baseline is not None:
-        for r in rows:
-            old = baseline.get(tuple(r[k] for k in KEY))
-            r["change_vs_saved"] = (r["avg_ts"] / old["avg_ts"] - 1) if old else None
-    if save:
-        save.write_text(json.dumps(rows, indent=1))
+    rows = _local_rows(models, n_prompt, n_gen, parallel, slo, local, offline, report)
+    if report.save:
+        report.save.write_text(json.dumps(rows, indent=1))
     _emit(rows, output)
     if slo:
         _slo_verdict(rows, slo, to_stderr=output != "table")
 
 
-def _remote(models, endpoint, n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpot_ms, num_requests, max_seconds,
-            prompts, ignore_eos, output, save, compare) -> None:
+def _local_rows(models: list[str], n_prompt: str, n_gen: str, parallel: str | None, slo: str | None,
+                local: LocalBench, offline: bool, report: Report) -> list[dict]:
+    """Every test of every combination, measured here (and the change against saved figures)."""
+    from tallow.runtime.host.threads import physical_cores
+
+    parallel_ns = _ints(parallel, "--parallel", 1) if parallel else ([1, 2, 4, 8, 16] if slo else [])
+    tests = _tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), local.pg or [], _ints(local.depth, "-d"))
+    if not tests:
+        raise typer.BadParameter("no tests: give -p, -n or -pg", param_hint="-p/-n/-pg")
+    combos = list(itertools.product(_ints(local.threads, "-t", 1) if local.threads else [physical_cores()],
+                                    _ints(local.batch, "-b", 1), _layer_choices(local.gpu_layers)))
+    baseline = _load_saved(report.compare) if report.compare else None
+    found = [find_model(m, offline=offline or settings.offline()) for m in models]
+    place = o.placement(local.device, local.main_gpu, local.split_mode, local.tensor_split)
+    kv = (local.ctk, local.ctv, local.flash_attn)
+    rows = _measure(found, tests, combos, local.reps, *kv, place)
+    if parallel_ns:
+        p, n = (_ints(n_prompt, "-p")[0] or 128), (_ints(n_gen, "-n")[0] or 32)
+        rows += _measure_parallel(found, parallel_ns, p, n, combos[0], min(local.reps, 3), *kv, place)
+    if baseline is not None:
+        for r in rows:
+            old = baseline.get(tuple(r[k] for k in KEY))
+            r["change_vs_saved"] = (r["avg_ts"] / old["avg_ts"] - 1) if old else None
+    return rows
+
+
+def _remote(models, endpoint, n_prompt, n_gen, parallel, slo, test: LoadTest, output: str, report: Report) -> None:
     from tallow.cli.commands.bench_remote import bench_remote, read_prompts
     from tallow.client import loadgen
     from tallow.runtime.bench import SLO
 
     if len(models) != 1:
         raise typer.BadParameter("a load test is of one model: give its name on the server", param_hint="MODELS")
+    rate, ttft_ms, tpot_ms = test.rate, test.ttft_ms, test.tpot_ms
     if (ttft_ms is None) != (tpot_ms is None):
         raise typer.BadParameter("an explicit SLO needs both --ttft-ms and --tpot-ms", param_hint="--ttft-ms")
     if slo is not None and ttft_ms is not None:
         raise typer.BadParameter("give --slo or --ttft-ms/--tpot-ms, not both", param_hint="--slo")
-    target = loadgen.SLO(*SLO[slo]) if slo else (loadgen.SLO(ttft_ms, tpot_ms) if ttft_ms is not None else None)
+    explicit = loadgen.SLO(ttft_ms, tpot_ms) if ttft_ms is not None and tpot_ms is not None else None
+    target = loadgen.SLO(*SLO[slo]) if slo else explicit
     rates = []
     if rate:
         try:
@@ -157,9 +193,9 @@ def _remote(models, endpoint, n_prompt, n_gen, parallel, rate, slo, ttft_ms, tpo
         if not rates or min(rates) <= 0 or max(rates) > 10_000:
             raise typer.BadParameter("give rates above 0, up to 10,000 requests/s", param_hint="--rate")
     concurrency = _ints(parallel, "--parallel", 1, 4096) if parallel else ([] if rates or target else [1, 2, 4, 8])
-    load = loadgen.Load(models[0], _ints(n_prompt, "-p", 1)[0], _ints(n_gen, "-n", 1)[0], num_requests, max_seconds,
-                        ignore_eos, read_prompts(prompts) if prompts else ())
-    bench_remote(endpoint, load, concurrency, rates, target, slo, output, save, compare)
+    load = loadgen.Load(models[0], _ints(n_prompt, "-p", 1)[0], _ints(n_gen, "-n", 1)[0], test.num_requests,
+                        test.max_seconds, test.ignore_eos, read_prompts(test.prompts) if test.prompts else ())
+    bench_remote(endpoint, load, concurrency, rates, target, slo, output, report.save, report.compare)
 
 
 def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn, place) -> list[dict]:

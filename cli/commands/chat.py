@@ -10,7 +10,7 @@ from tallow.cli import options as o
 from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.field_flags import with_sampling_flags
-from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ShowFlags, with_groups
+from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ModelFiles, ShowFlags, with_groups
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, out_console, stats_line
 from tallow.common.errors import TallowError
@@ -37,7 +37,7 @@ _SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @presets.with_preset
 @with_sampling_flags
-@with_groups(load=LoadFlags, drafting=DraftFlags, show=ShowFlags, shape=FormatFlags, server=EndpointFlags)
+@with_groups(load=LoadFlags, files=ModelFiles, drafting=DraftFlags, show=ShowFlags, shape=FormatFlags, server=EndpointFlags)
 def chat(
     model: o.Model,
     system: o.System = None,
@@ -49,7 +49,7 @@ def chat(
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
     offline: o.Offline = False,
-    *, sampling_flags: dict, load: LoadFlags, drafting: DraftFlags, show: ShowFlags, shape: FormatFlags,
+    *, sampling_flags: dict, load: LoadFlags, files: ModelFiles, drafting: DraftFlags, show: ShowFlags, shape: FormatFlags,
     server: EndpointFlags,
 ) -> None:
     """Chat with a model, reusing the cache turn after turn.
@@ -61,14 +61,14 @@ def chat(
     """
     remote = server.servers(offline)
     if remote:
-        o.refuse_local({**load.given(), **drafting.given(), "--no-cache": no_cache,
+        o.refuse_local({**load.given(), **files.given(), **drafting.given(), "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--reasoning-budget": reasoning_budget is not None})
     grammar, schema = shape.structured()
     chat_settings = ChatSettings(replace(presets.sampling_base(), **sampling_flags), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, drafting.method(),
                                  grammar=grammar, reasoning_budget=reasoning_budget)
     offline = offline or settings.offline()
-    local = None if remote else drafting.loaded(o.with_draft(load.settings(), drafting.draft), offline, model)
+    local = None if remote else drafting.loaded(o.with_draft(load.settings(files), drafting.draft), offline, model)
     name, engine = open_engine(model, remote, local, offline, not no_cache, shape.format_, schema)
     with engine:
         repl(Conversation(engine, chat_settings, system), name, show.hide_thinking, open_history(not no_log),

@@ -11,10 +11,12 @@ from typing import Callable, Iterator, Optional
 import typer
 
 from tallow.cli import options as o
+from tallow.cli.flag_groups import EndpointFlags, with_groups
 from tallow.cli.render import animated, err_console, out_console
 from tallow.common.errors import TallowError
 
 
+@with_groups(server=EndpointFlags)
 def embed(
     model: o.Model,
     texts: Optional[list[str]] = typer.Argument(None, help="Texts to embed [default: one per line from stdin].", show_default=False),
@@ -30,8 +32,7 @@ def embed(
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = "auto",
     offline: o.Offline = False,
-    endpoint: o.Endpoint = None,
-    api_key: o.EndpointKey = None,
+    *, server: EndpointFlags,
 ) -> None:
     """Embed texts: one vector per text, or an index to search.
 
@@ -42,21 +43,11 @@ def embed(
     Example: tallow embed all-minilm:l6-v2 --index notes.sqlite < notes.txt
     """
     from tallow.cli.models import open_embedder
-    from tallow.jobs.embed_run import FORMATS, EmbedStats, numbered_lines, open_sink, run_embed
+    from tallow.jobs.embed_run import EmbedStats, numbered_lines, open_sink, run_embed
     from tallow.runtime.embedding.embed import Shaping
 
-    if fmt not in FORMATS:
-        raise typer.BadParameter(f"must be jsonl, json or npy, not {fmt!r}", param_hint="--format")
-    if index is not None and (output is not None or fmt != "jsonl" or no_text):
-        raise TallowError("--index stores the vectors; it takes none of --output, --format and --no-text")
-    if fmt == "npy" and output is None and sys.stdout.isatty():
-        raise TallowError("a .npy file is binary", "give -o FILE.npy, or redirect stdout")
-    if output is not None and output.is_dir():
-        raise typer.BadParameter(f"{output} is a folder", param_hint="--output")
-    if texts and any(not t.strip() for t in texts):
-        raise TallowError(f"text {next(i for i, t in enumerate(texts) if not t.strip())} is empty",
-                          "every text needs some words")
-    remote = o.endpoints(endpoint, api_key, offline)
+    _check(texts, output, fmt, index, no_text)
+    remote = server.servers(offline)
     if remote:
         o.refuse_local({"--pooling": pooling is not None, "--truncate": truncate, "--batch-size": batch_size != 512,
                         "--threads": threads is not None, "--gpu-layers": gpu_layers != "auto"})
@@ -84,12 +75,32 @@ def embed(
         sink.close()
     finally:
         embedder.close()
-    where = f" into {index}" if index else f" to {output}" if output else ""
+    _said(stats, f" into {index}" if index else f" to {output}" if output else "",
+          stats.tokens if not remote else embedder.prompt_tokens)  # remote: the server's count
+
+
+def _said(stats, where: str, tokens: int | None) -> None:
     skipped = f", {stats.skipped} already there" if stats.skipped else ""
-    tokens = stats.tokens if not remote else embedder.prompt_tokens  # remote: the server's count
     shown = "tokens not reported" if tokens is None else f"{tokens} tokens"
     err_console().print(f"{stats.done} embedded{where}{skipped}; {shown} at {stats.per_s:.1f} inputs/s",
                         soft_wrap=True)
+
+
+def _check(texts: list[str] | None, output: Path | None, fmt: str, index: Path | None, no_text: bool) -> None:
+    """The inputs and the outputs' flags, refused by name before anything loads."""
+    from tallow.jobs.embed_run import FORMATS
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"must be jsonl, json or npy, not {fmt!r}", param_hint="--format")
+    if index is not None and (output is not None or fmt != "jsonl" or no_text):
+        raise TallowError("--index stores the vectors; it takes none of --output, --format and --no-text")
+    if fmt == "npy" and output is None and sys.stdout.isatty():
+        raise TallowError("a .npy file is binary", "give -o FILE.npy, or redirect stdout")
+    if output is not None and output.is_dir():
+        raise typer.BadParameter(f"{output} is a folder", param_hint="--output")
+    if texts and any(not t.strip() for t in texts):
+        raise TallowError(f"text {next(i for i, t in enumerate(texts) if not t.strip())} is empty",
+                          "every text needs some words")
 
 
 def _remote(endpoint, model: str):

@@ -16,7 +16,7 @@ from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.errors import EXIT_INTERRUPTED
 from tallow.cli.field_flags import with_sampling_flags
-from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ShowFlags, with_groups
+from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ModelFiles, ShowFlags, with_groups
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
@@ -61,7 +61,7 @@ class HistoryFlags:
 
 @presets.with_preset
 @with_sampling_flags
-@with_groups(load=LoadFlags, drafting=DraftFlags, show=ShowFlags, tools=ToolFlags, past=HistoryFlags,
+@with_groups(load=LoadFlags, files=ModelFiles, drafting=DraftFlags, show=ShowFlags, tools=ToolFlags, past=HistoryFlags,
              shape=FormatFlags, server=EndpointFlags)
 def run(
     model: o.Model,
@@ -79,7 +79,7 @@ def run(
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
     no_cache: o.NoCache = False,
     n: int = typer.Option(1, "--n", min=1, max=16, help="Give N answers, each sampled with its own seed (--seed, then the next ones), from one evaluation of the prompt."),
-    *, sampling_flags: dict, load: LoadFlags, drafting: DraftFlags, show: ShowFlags, tools: ToolFlags,
+    *, sampling_flags: dict, load: LoadFlags, files: ModelFiles, drafting: DraftFlags, show: ShowFlags, tools: ToolFlags,
     past: HistoryFlags, shape: FormatFlags, server: EndpointFlags,
 ) -> None:
     """Run a model on one prompt and stream the answer.
@@ -90,7 +90,8 @@ def run(
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
     remote = server.servers(offline)
-    _check(remote, load, drafting, tools, n, image, audio, reasoning_budget, no_cache, logprobs, as_json)
+    _check(remote, {**load.given(), **files.given(), **drafting.given()}, tools, n, image, audio, reasoning_budget,
+           no_cache, logprobs, as_json)
     spec, (grammar, schema) = tools.spec(), shape.structured()
     history = open_history(not past.no_log)
     conversation_id, earlier, system = _continued(history, past.continue_, past.cid, system)
@@ -99,7 +100,7 @@ def run(
     media = o.read_media(image, audio)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and ask.tools is None
     text, document = _prompt_text(prompt, interactive, media, image, audio, n)
-    local = None if remote else _local_load(load, drafting, ask, text)
+    local = None if remote else _local_load(load.settings(files), drafting, ask, text)
     name, engine = open_engine(model, remote, local, ask.offline, not no_cache, shape.format_, schema,
                                allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
                                media={m.kind for m in media})
@@ -138,15 +139,15 @@ class Ask:
     schema: Any
 
 
-def _check(remote, load: LoadFlags, drafting: DraftFlags, tools: ToolFlags, n: int, image, audio,
-           reasoning_budget, no_cache: bool, logprobs, as_json: bool) -> None:
-    """The flags that cannot go together, refused by name before anything loads."""
+def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, image, audio, reasoning_budget, no_cache: bool,
+           logprobs, as_json: bool) -> None:
+    """The flags that cannot go together, refused by name before anything loads; `local`: the
+    local engine's flags, and whether each was given."""
     if logprobs is not None and not as_json:
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
     if remote:
-        o.refuse_local({**load.given(), **drafting.given(), "--no-cache": no_cache,
-                        "--tools": tools.tools_file is not None, "--tool-format": tools.tool_format != "auto",
-                        "--image": bool(image), "--audio": bool(audio), "--n": n > 1,
+        o.refuse_local({**local, "--no-cache": no_cache, "--tools": tools.tools_file is not None,
+                        "--tool-format": tools.tool_format != "auto", "--image": bool(image), "--audio": bool(audio), "--n": n > 1,
                         "--reasoning-budget": reasoning_budget is not None})
     if n > 1 and tools.tools_file is not None:
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
@@ -165,10 +166,9 @@ def _prompt_text(prompt: str | None, interactive: bool, media: list, image, audi
     return (prompt, None) if stdin_media else read_prompt(prompt)
 
 
-def _local_load(load: LoadFlags, drafting: DraftFlags, ask: Ask, text: str | None):
-    """The local engine's load settings: the flags, the work this prompt will do, the draft
-    model, and a sequence per answer with --n."""
-    chosen = load.settings()
+def _local_load(chosen, drafting: DraftFlags, ask: Ask, text: str | None):
+    """The local engine's load settings: the flags', with the work this prompt will do, the
+    draft model, and a sequence per answer with --n."""
     if text is not None:
         chosen = o.one_shot(chosen, text, ask.max_tokens, drafting.draft is not None)
     chosen = drafting.loaded(chosen, ask.offline, ask.model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
 import sys
@@ -15,69 +16,22 @@ import typer
 
 from tallow.cli import options as o
 from tallow.cli import presets
+from tallow.cli.commands.serve_flags import GUARD, ListenFlags, PoolFlags, RayServeFlags, RequestFlags, ServedFiles
+from tallow.cli.flag_groups import DraftFlags, LoadFlags, with_groups
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
 from tallow.env import settings
-from tallow.serve.config import RunnerConfig, ServerConfig
-
-GUARD = ServerConfig(model="")  # the front's defaults
-DEFAULT = RunnerConfig()  # serve's defaults, defined once (serve/config.py); the options show them
+from tallow.serve.config import RunnerConfig
 
 
 @presets.knows_given
+@with_groups(listen=ListenFlags, asks=RequestFlags, load=LoadFlags, drafting=DraftFlags, files=ServedFiles,
+             pool=PoolFlags, on_ray=RayServeFlags)
 def serve(
     models: Optional[list[str]] = typer.Argument(None, help="Models to load at start (default: none; every stored model is served on demand).", show_default=False, autocompletion=o.complete_model),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback needs --api-key."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
-    parallel: o.Parallel = DEFAULT.parallel,
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on every request (also TALLOW_API_KEY).", show_default=False),
-    auth: Optional[str] = typer.Option(None, "--auth", help="'keys': every request needs a key made with tallow keys create, held to its models, routes and limits, and metered (tallow usage).", show_default=False),
-    cors: Optional[list[str]] = typer.Option(None, "--cors", help="Allow browser requests from this origin (repeatable).", show_default=False),
-    max_tokens: int = typer.Option(DEFAULT.max_tokens, "--max-tokens", min=1, help="Clamp on a request's max_tokens."),
-    max_queue: int = typer.Option(DEFAULT.max_queue, "--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503."),
-    timeout: float = typer.Option(DEFAULT.timeout, "--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit')."),
-    max_body: int = typer.Option(DEFAULT.max_body, "--max-body", min=1024, help="Largest request body in bytes (413 beyond)."),
-    header_timeout: float = typer.Option(GUARD.header_timeout, "--header-timeout", callback=o.finite, min=0.1, help="Seconds a request's headers may take to arrive; a slower connection is closed."),
-    body_timeout: float = typer.Option(GUARD.body_timeout, "--body-timeout", callback=o.finite, min=0.1, help="Seconds a request's body may take to arrive (408 after)."),
-    max_per_client: int = typer.Option(GUARD.max_per_client, "--max-per-client", min=0, help="Requests one client address may have open at once; more get 429 (0: no cap)."),
-    stall_timeout: float = typer.Option(GUARD.stall_timeout, "--stall-timeout", callback=o.finite, min=0.1, help="Seconds a client may leave its streamed answer unread; then the request is cancelled and its slot freed."),
-    deterministic: o.Deterministic = False,
-    kv_unified: o.KvUnified = False,
-    ctx: o.Ctx = None,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = "auto",
-    device: o.Device = None,
-    main_gpu: o.MainGpu = 0,
-    split_mode: o.SplitMode = "layer",
-    tensor_split: o.TensorSplit = None,
-    flash_attn: o.FlashAttn = "auto",
-    cache_type_k: o.CacheTypeK = "f16",
-    cache_type_v: o.CacheTypeV = "f16",
-    draft: o.Draft = None,
-    draft_max: o.DraftMax = 16,
-    draft_min: o.DraftMin = 0,
-    draft_p_min: o.DraftPMin = 0.75,
-    no_cache: o.NoCache = False,
-    mmproj: Optional[Path] = typer.Option(None, "--mmproj", help="The projector (mmproj GGUF) of the one MODEL: requests may then hold images.", show_default=False),
-    lora: Optional[list[str]] = typer.Option(None, "--lora", help="A LoRA adapter (GGUF) for the first MODEL, FILE or FILE:SCALE (repeatable); requests pick scales with 'lora' and POST /lora-adapters.", show_default=False),
-    allow_media_urls: bool = typer.Option(False, "--allow-media-urls", help="Fetch http(s) image URLs that requests name (10 s, 20 MB each): the server then requests any address a client gives it."),
-    alias: Optional[list[str]] = typer.Option(None, "--alias", help="Answer to this model name too (repeatable), for clients that hard-code one; it names the first MODEL.", show_default=False),
-    reasoning_budget: o.ReasoningBudget = None,
-    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False),
-    default_max_tokens: Optional[int] = typer.Option(None, "--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False),
-    tool_format: o.ToolFormat = "auto",
-    max_models: int = typer.Option(3, "--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one."),
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory the loaded models may take in all (e.g. 8GB) [default: what is free].", show_default=False),
-    keep_alive: Optional[str] = typer.Option(None, "--keep-alive", help="How long an idle model stays loaded: 5m, 1h, 30s, 0 (unload at once), -1 (forever) [default: TALLOW_KEEP_ALIVE or 5m].", show_default=False),
-    model_option: Optional[list[str]] = typer.Option(None, "--model-option", help="Per-model settings: 'MODEL parallel=N ctx=N gpu_layers=auto|all|N device=GPU,... draft=MODEL|lookup cache_type_k=T cache_type_v=T lora=FILE[:SCALE]' (repeatable).", show_default=False),
-    drain_timeout: float = typer.Option(30.0, "--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0."),
-    no_ui: bool = typer.Option(False, "--no-ui", help="Answer GET / with the liveness text only, not the chat page."),
-    open_page: bool = typer.Option(False, "--open", help="Open the chat page in the browser once serving."),
     offline: o.Offline = False,
-    ray: Optional[str] = typer.Option(None, "--ray", help="Serve the one MODEL on a Ray cluster with Ray Serve: local, auto, or the head's address. Needs tallow[ray].", show_default=False),
-    ray_replicas: int = typer.Option(0, "--ray-replicas", min=0, help="With --ray: replicas of the model, one engine each (0: as many as the cluster's CPUs hold)."),
-    ray_cpus_per_replica: int = typer.Option(1, "--ray-cpus-per-replica", min=1, help="With --ray: CPUs each replica reserves; its engine's threads."),
-    ray_weights: str = typer.Option("auto", "--ray-weights", help="With --ray: how nodes get the weights: path, ship, or auto (as tallow batch --ray)."),
+    *, listen: ListenFlags, asks: RequestFlags, load: LoadFlags, drafting: DraftFlags, files: ServedFiles,
+    pool: PoolFlags, on_ray: RayServeFlags,
 ) -> None:
     """Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.
 
@@ -97,110 +51,109 @@ def serve(
       tallow serve --max-models 2 --keep-alive 10m
       tallow serve smollm2:135m --ray auto --ray-replicas 4
     """
-    from tallow.common.net import is_loopback
-    from tallow.serve.front.front_app import FrontConfig, create_front
-    from tallow.serve.http.replica import Replica
-
-    forced_format = o.parse_tool_format(tool_format)
-    if open_page and no_ui:
-        raise typer.BadParameter("there is no page to open with --no-ui", param_hint="--open")
-    key = api_key or settings.api_key()
-    if auth not in (None, "keys"):
-        raise typer.BadParameter(f"'{auth}' is not a kind of authentication tallow knows (keys)", param_hint="--auth")
-    if auth == "keys" and key:
-        raise typer.BadParameter("--auth keys checks the keys of tallow keys; make one with --routes "
-                                 "generate,embed,admin there instead of --api-key (or TALLOW_API_KEY)", param_hint="--auth")
-    keys_db = str(settings.history_path()) if auth == "keys" else None
-    if not is_loopback(host) and not key and keys_db is None:
-        raise typer.BadParameter(f"listening on {host} exposes the server beyond this machine; give --api-key or --auth keys "
-                                 "(or TALLOW_API_KEY)", param_hint="--host")
-    drafts = _Drafts(offline or settings.offline(), (draft_max, draft_min, draft_p_min))
-    draft_files, draft_name = drafts.files(draft, models[0] if models else None)
-    if allow_media_urls and (offline or settings.offline()):
+    models = models or []
+    listen.check()
+    offline = offline or settings.offline()
+    drafts = _Drafts(offline, (drafting.draft_max, drafting.draft_min, drafting.draft_p_min))
+    draft = drafts.files(drafting.draft, models[0] if models else None)
+    if asks.allow_media_urls and offline:
         raise typer.BadParameter("fetching URLs needs the network, and offline mode is on", param_hint="--allow-media-urls")
-    if mmproj is not None and (len(models or []) != 1 or not mmproj.is_file()):
-        raise typer.BadParameter("names no projector file" if len(models or []) == 1 else
-                                 "a projector goes with exactly one MODEL", param_hint="--mmproj")
-    keep = _keep_alive(keep_alive if keep_alive is not None else settings.keep_alive())
-    budget = None
-    if memory_budget is not None:
-        budget = settings.parse_size(memory_budget)
-        if not budget:
-            raise typer.BadParameter("give a size such as 8GB or 512MiB", param_hint="--memory-budget")
-    cache_type_k, cache_type_v, flash_attn = o.cache_types(cache_type_k, cache_type_v, flash_attn)
-    per_model = _model_options(model_option or [], drafts, (cache_type_k, cache_type_v, flash_attn))
-    drafts.check_limits(draft)
-    place = o.placement(device, main_gpu, split_mode, tensor_split)  # checked here; each runner makes its own
-    if place.devices:
-        from tallow.runtime.host.devices import gpu_handles
-
-        gpu_handles(place.devices)  # an unknown device: one line now, not a runner that fails later
-    ray_opts = _ray_options(ray, ray_replicas, ray_cpus_per_replica, ray_weights, offline, models or [], {
-        "--auth": auth is not None, "--threads": threads is not None, "--max-models": max_models != 3,
-        "--memory-budget": memory_budget is not None, "--keep-alive": keep_alive is not None,
-        "--model-option": bool(model_option), "--open": open_page, "--max-per-client": max_per_client != GUARD.max_per_client,
-        "--header-timeout": header_timeout != GUARD.header_timeout})
-
-    def runner_base(history: str | None) -> RunnerConfig:
-        return RunnerConfig(parallel=parallel, ctx=ctx, threads=threads, gpu_layers=o.parse_gpu_layers(gpu_layers),
-                            device=device, main_gpu=main_gpu, split_mode=split_mode, tensor_split=tensor_split,
-                            flash_attn=flash_attn, type_k=cache_type_k, type_v=cache_type_v,
-                            draft=o.parse_draft(draft), draft_files=draft_files,
-                            draft_name=draft_name,
-                            draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min, deterministic=deterministic,
-                            kv_unified=kv_unified, max_queue=max_queue, max_tokens=max_tokens, timeout=timeout,
-                            max_body=max_body, no_cache=no_cache, seed=seed, default_max_tokens=default_max_tokens,
-                            tool_format=forced_format, history=history,
-                            mmproj=str(mmproj.resolve()) if mmproj is not None else None, media_urls=allow_media_urls,
-                            given=presets.given_fields(), loras=_lora_config(o.loras(lora)),
-                            reasoning_budget=reasoning_budget, usage=keys_db)
-
+    files.check(models)
+    keep = _keep_alive(pool.keep_alive if pool.keep_alive is not None else settings.keep_alive())
+    kv = o.cache_types(load.cache_type_k, load.cache_type_v, load.flash_attn)
+    per_model = _model_options(pool.model_option or [], drafts, kv)
+    drafts.check_limits(drafting.draft)
+    _check_devices(load)
+    ray_opts = _ray_options(on_ray, offline, models, {
+        "--auth": listen.auth is not None, "--threads": load.threads is not None, "--max-models": pool.max_models != 3,
+        "--memory-budget": pool.memory_budget is not None, "--keep-alive": pool.keep_alive is not None,
+        "--model-option": bool(pool.model_option), "--open": listen.open_page,
+        "--max-per-client": listen.max_per_client != GUARD.max_per_client,
+        "--header-timeout": listen.header_timeout != GUARD.header_timeout})
+    base = functools.partial(_runner_base, listen, asks, load, drafting, files, kv, draft)
     if ray_opts is not None:
         from tallow.cli.ray.serve import Front, serve_on_ray
 
-        serve_on_ray(ray_opts, (models or [""])[0], replace(runner_base(None), aliases=tuple(alias or ())),
-                     Front(host, port, key, tuple(cors or ()), drain_timeout), offline)
+        serve_on_ray(ray_opts, models[0], replace(base(None), aliases=tuple(files.alias or ())),
+                     Front(listen.host, listen.port, listen.key(), tuple(listen.cors or ()), listen.drain_timeout),
+                     offline)
         return
-    sock = _listen(host, port)  # before loading: a taken port fails fast
+    _serve_front(models, listen, pool, base, per_model, offline, keep, tuple(files.alias or ()))
+
+
+def _runner_base(listen: ListenFlags, asks: RequestFlags, load: LoadFlags, drafting: DraftFlags, files: ServedFiles,
+                 kv: tuple[str, str, str], draft: tuple, history: str | None) -> RunnerConfig:
+    """Every runner's settings from serve's flags (a model's preset and --model-option go over them)."""
+    return RunnerConfig(parallel=asks.parallel, ctx=load.ctx, threads=load.threads,
+                        gpu_layers=o.parse_gpu_layers(load.gpu_layers), device=load.device, main_gpu=load.main_gpu,
+                        split_mode=load.split_mode, tensor_split=load.tensor_split, flash_attn=kv[2], type_k=kv[0],
+                        type_v=kv[1], draft=drafting.method(), draft_files=draft[0], draft_name=draft[1],
+                        draft_max=drafting.draft_max, draft_min=drafting.draft_min, draft_p_min=drafting.draft_p_min,
+                        deterministic=asks.deterministic, kv_unified=asks.kv_unified, max_queue=asks.max_queue,
+                        max_tokens=asks.max_tokens, timeout=asks.timeout, max_body=listen.max_body,
+                        no_cache=asks.no_cache, seed=asks.seed, default_max_tokens=asks.default_max_tokens,
+                        tool_format=o.parse_tool_format(asks.tool_format), history=history,
+                        mmproj=str(files.mmproj.resolve()) if files.mmproj is not None else None,
+                        media_urls=asks.allow_media_urls, given=presets.given_fields(),
+                        loras=_lora_config(o.loras(files.lora)), reasoning_budget=asks.reasoning_budget,
+                        usage=listen.keys_db())
+
+
+def _check_devices(load: LoadFlags) -> None:
+    """--device and the rest checked here (each runner makes its own placement); an unknown
+    device is one line now, not a runner that fails later."""
+    place = o.placement(load.device, load.main_gpu, load.split_mode, load.tensor_split)
+    if place.devices:
+        from tallow.runtime.host.devices import gpu_handles
+
+        gpu_handles(place.devices)
+
+
+def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, base, per_model: dict, offline: bool,
+                 keep, aliases: tuple[str, ...]) -> None:
+    """The multi-model front on its socket, its runners started, until SIGTERM or Ctrl-C."""
+    from importlib.metadata import version
+
+    from tallow.serve.front.front_app import FrontConfig, create_front
+    from tallow.serve.http.replica import Replica
+
+    sock = _listen(listen.host, listen.port)  # before loading: a taken port fails fast
     with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
-        base = runner_base(history)
-        pool, registry, names = _start_pool(models or [], base, per_model, private, max_models, budget, keep, offline,
-                                           tuple(alias or ()))
+        pool, registry, names = _start_pool(models, base(history), per_model, private, pool_flags.max_models,
+                                           pool_flags.budget(), keep, offline, aliases)
         try:
-            from importlib.metadata import version
-
-            guard = ServerConfig(model=names[0] if names else "", host=host, api_key=key, cors=tuple(cors or ()),
-                                 max_body=max_body, history=history, ui=not no_ui, keys=keys_db,
-                                 body_timeout=body_timeout, stall_timeout=stall_timeout, max_per_client=max_per_client,
-                                 conversations=str(settings.history_path()) if settings.logging_enabled() else None)
             replica = Replica()
+            guard = listen.guard(names[0] if names else "", history)
             app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)
-
-            def start() -> None:  # while the server already answers /health and /ready (not ready yet)
-                _preload(pool, names)
-                replica.started()
-                bound = sock.getsockname()
-                shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-                what = ", ".join(_loaded_line(r) for r in pool.loaded()) or "every stored model, loaded on demand"
-                err_console().print(f"serving {what} on http://{shown}:{bound[1]}", soft_wrap=True)
-                if open_page:
-                    from tallow.cli.commands.ui_cmds import open_browser
-
-                    open_browser(f"http://{'localhost' if is_loopback(host) else shown}:{bound[1]}/", names[:1])
-
-            run_uvicorn(app, sock, start, replica, drain_timeout, header_timeout)
+            run_uvicorn(app, sock, functools.partial(_started, pool, names, replica, sock, listen), replica,
+                        listen.drain_timeout, listen.header_timeout)
         finally:
             pool.close()
 
 
-def _ray_options(address: str | None, replicas: int, cpus: int, weights: str, offline: bool, models: list[str],
-                 front_only: dict[str, bool]):
+def _started(pool, names: list[str], replica, sock: socket.socket, listen: ListenFlags) -> None:
+    """Once the server answers /health and /ready (not ready yet): load the models named, then say so."""
+    from tallow.common.net import is_loopback
+
+    _preload(pool, names)
+    replica.started()
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    what = ", ".join(_loaded_line(r) for r in pool.loaded()) or "every stored model, loaded on demand"
+    err_console().print(f"serving {what} on http://{shown}:{bound[1]}", soft_wrap=True)
+    if listen.open_page:
+        from tallow.cli.commands.ui_cmds import open_browser
+
+        open_browser(f"http://{'localhost' if is_loopback(listen.host) else shown}:{bound[1]}/", names[:1])
+
+
+def _ray_options(on_ray: RayServeFlags, offline: bool, models: list[str], front_only: dict[str, bool]):
     """--ray's settings checked (None without --ray, whose other flags are then refused); the
     flags of the multi-model front have no meaning on Ray Serve and are refused by name."""
     from tallow.cli.ray.connect import checked_options
 
-    opts = checked_options(address, replicas, cpus, weights, offline or settings.offline(),
+    opts = checked_options(on_ray.ray, on_ray.ray_replicas, on_ray.ray_cpus_per_replica, on_ray.ray_weights, offline,
                            ("--ray-replicas", "--ray-cpus-per-replica"), "replicas")
     if opts is None:
         return None

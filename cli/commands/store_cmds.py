@@ -114,17 +114,7 @@ def show(
       tallow show smollm2:135m --fit --ctx 32768 --cache-type-k q8_0 --cache-type-v q8_0
       tallow show terse --modelfile
     """
-    if (cache_type_k, cache_type_v) != ("f16", "f16") and not fit:
-        raise typer.BadParameter("the KV cache's types change the plan: add --fit", param_hint="--cache-type-k")
-    kv = o.cache_types(cache_type_k, cache_type_v, "auto") if fit else ("f16", "f16", "auto")
-    vram_bytes = None
-    if vram is not None:
-        from tallow.env.settings import parse_size
-
-        vram_bytes = parse_size(vram)
-        if vram_bytes is None or not fit:
-            raise typer.BadParameter("give a size such as 8GB or 512MiB, with --fit" if vram_bytes is None else
-                                     "--vram plans a load: add --fit", param_hint="--vram")
+    kv, vram_bytes = _fit_flags(fit, cache_type_k, cache_type_v, vram)
     from tallow.models.resolve import LocalModel, locate
 
     st = store()
@@ -145,6 +135,27 @@ def show(
 
         sys.stdout.write(modelfile_of(st, manifest) if manifest else render(str(found.path), Preset()))
         return
+    _show_info(found, manifest, template, as_json)
+
+
+def _fit_flags(fit: bool, cache_type_k: str, cache_type_v: str, vram: str | None):
+    """(the KV types and flash attention, the GPU's free memory) a --fit plan is made for."""
+    if (cache_type_k, cache_type_v) != ("f16", "f16") and not fit:
+        raise typer.BadParameter("the KV cache's types change the plan: add --fit", param_hint="--cache-type-k")
+    kv = o.cache_types(cache_type_k, cache_type_v, "auto") if fit else ("f16", "f16", "auto")
+    if vram is None:
+        return kv, None
+    from tallow.env.settings import parse_size
+
+    vram_bytes = parse_size(vram)
+    if vram_bytes is None or not fit:
+        raise typer.BadParameter("give a size such as 8GB or 512MiB, with --fit" if vram_bytes is None else
+                                 "--vram plans a load: add --fit", param_hint="--vram")
+    return kv, vram_bytes
+
+
+def _show_info(found, manifest, template: bool, as_json: bool) -> None:
+    """The model's facts (or its chat template alone), as text or JSON."""
     infos = [read_gguf(p) for p in found.paths]
     info = infos[0]
     preset = manifest.preset if manifest else None
