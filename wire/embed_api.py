@@ -18,7 +18,6 @@ from tallow.runtime.embedding.embed import Shaping, cosine, relevance, shape
 from tallow.runtime.embedding.embed_scheduler import EmbedQueueFull, EmbedScheduler
 from tallow.wire.fields import APIError, check_fields, flag, number
 
-OLLAMA_EMBED_ROUTES = ("/api/embed", "/api/embeddings")
 MAX_INPUTS = 2048  # per request (OpenAI's limit)
 
 

@@ -31,7 +31,7 @@ from tallow.common.errors import TallowError
 from tallow.serve.config import ServerConfig
 from tallow.serve.front import upstream
 from tallow.serve.front.pool import Pool, Runner
-from tallow.serve.front.proxy import OLLAMA_ROUTES, Proxy
+from tallow.serve.front.proxy import Proxy
 from tallow.serve.front.registry import Registry
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
@@ -43,13 +43,8 @@ from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.serve.ui.conversations import Conversations
 from tallow.serve.ui.page import ASSETS, Page
+from tallow.wire.apis import routes as api_routes
 from tallow.wire.fields import APIError, parse_json
-
-MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens",
-                "/embeddings", "/rerank")
-# llama.cpp's native API: POSTs for the model the body names (or the first), GETs for ?model= (or the first)
-NATIVE_POST = ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template")
-NATIVE_GET = ("/props", "/slots")
 
 
 @dataclass(frozen=True)
@@ -77,24 +72,20 @@ class FrontApp:
     def asgi(self) -> Guard:
         routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
                   Route("/ready", self.ready, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
-                  Route("/api/version", self.version, methods=["GET"]), Route("/api/tags", self.tags, methods=["GET"]),
-                  Route("/api/show", self.show, methods=["POST"]), Route("/api/ps", self.ps, methods=["GET"]),
-                  Route("/api/delete", self.delete, methods=["DELETE"]),
-                  Route("/api/copy", self.copy, methods=["POST"]), Route("/api/pull", self.pull, methods=["POST"]),
-                  Route("/api/create", self.create, methods=["POST"]),
-                  Route("/lora-adapters", self.relay, methods=["GET", "POST"]),
-                  *(Route(p, self.relay, methods=["GET"]) for p in NATIVE_GET)]
+                  Route("/lora-adapters", self.relay, methods=["GET", "POST"])]
         if self.cfg.guard.ui:
             routes.append(Route(ASSETS + "{path:path}", self.page.asset, methods=["GET", "HEAD"]))
             routes += Conversations(self.cfg.guard.conversations, self.cfg.guard.max_body).routes()
         g = self.cfg.guard
         proxy = Proxy(self.pool, self.registry, self.cfg.default_model, g.max_body, self.keys,
                       (g.body_timeout, g.stall_timeout))
-        routes += [Route(p, proxy, methods=["POST"]) for p in (*OLLAMA_ROUTES, *NATIVE_POST)]
+        # each API's routes (wire/apis.py): the store's answered here, the rest relayed to the model's
+        # runner (a POST names its model in the body, a GET with ?model=; else the first model)
+        for path, r in api_routes():
+            handler = getattr(self, r.handler) if r.front else proxy if r.methods == ("POST",) else self.relay
+            routes.append(Route(path, handler, methods=list(r.methods)))
         for prefix in ("/v1", ""):
-            routes += [Route(prefix + p, proxy, methods=["POST"]) for p in MODEL_ROUTES]
             routes += [Route(f"{prefix}/responses/{{rid}}", self.stored.route, methods=["GET", "DELETE"]),
-                       Route(f"{prefix}/models", self.models, methods=["GET"]),
                        Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"])]
         app = Starlette(routes=routes, middleware=cors(self.cfg.guard),
                         exception_handlers=handlers(TallowError, self.tallow_error))

@@ -24,10 +24,13 @@ from tallow.serve.http.body import in_time, too_large
 from tallow.serve.http.key_check import KeyCheck
 from tallow.serve.http.keys import Key
 from tallow.wire import anthropic_api, ollama_api
+from tallow.wire.apis import EMBED, GENERATE, OLLAMA
 from tallow.wire.fields import APIError, parse_json
 
-GENERATE_ROUTES = ("/api/chat", "/api/generate")  # an empty prompt loads, keep_alive 0 unloads
-OLLAMA_ROUTES = (*GENERATE_ROUTES, "/api/embed", "/api/embeddings")  # all take keep_alive
+# Ollama's model routes (its record, wire/apis.py): all take keep_alive; on the generating ones
+# an empty prompt loads the model and keep_alive 0 unloads it
+GENERATE_ROUTES = tuple(p for r in OLLAMA.routes if r.kind == GENERATE for p in r.paths())
+OLLAMA_ROUTES = tuple(p for r in OLLAMA.routes if r.kind in (GENERATE, EMBED) for p in r.paths())
 PASSED_HEADERS = ("retry-after",)  # from a runner's whole answer to the client
 STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 

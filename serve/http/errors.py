@@ -8,19 +8,13 @@ from typing import Any, Callable
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from tallow.wire import anthropic_api, ollama_api
+from tallow.wire.apis import error_body
 from tallow.wire.fields import APIError
 
 
 def error_response(path: str, err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """An error in the shape of the route's API."""
-    if path.startswith(("/v1/messages", "/messages")):
-        body = anthropic_api.anthropic_error(err)
-    elif path.startswith("/api/"):
-        body = ollama_api.ollama_error(err)
-    else:
-        body = err.body()
-    return JSONResponse(body, err.status, headers=headers)
+    """An error in the shape of the route's API (its record, wire/apis.py)."""
+    return JSONResponse(error_body(path, err), err.status, headers=headers)
 
 
 async def send_error(scope, receive, send, err: APIError) -> None:

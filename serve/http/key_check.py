@@ -20,25 +20,22 @@ from dataclasses import dataclass, field
 from tallow.serve.http.keys import Key, KeyRing
 from tallow.serve.http.prometheus import counter_family
 from tallow.serve.http.usage import COUNTS, Row, UsageTail
+from tallow.wire.apis import ADMIN, GENERATE, READ, kind_of
 from tallow.wire.fields import APIError
 
-ADMIN_PATHS = ("/api/pull", "/api/delete", "/api/create", "/api/copy", "/api/push", "/metrics", "/slots")
-EMBED_PATHS = ("/embeddings", "/rerank", "/api/embed", "/api/embeddings")
-GENERATE_PATHS = ("/chat/completions", "/completion", "/infill", "/responses", "/messages", "/api/chat",
-                  "/api/generate", "/ui/api/")  # ("/completion" covers "/completions" too)
 CATCH_UP = 0.2  # seconds between reads of the usage rows that arrived
 
 
 def route_group(method: str, path: str) -> str | None:
-    """The group a route belongs to (None: reading what the server offers)."""
-    bare = path[3:] if path.startswith("/v1/") else path
-    if path in ADMIN_PATHS or (path == "/lora-adapters" and method == "POST"):
-        return "admin"
-    if bare in EMBED_PATHS:
-        return "embed"
-    if bare.startswith(GENERATE_PATHS):
-        return "generate"
-    return None
+    """The group a route belongs to (None: reading what the server offers): each API's routes
+    by their records (wire/apis.py); tallow's own: /metrics and setting adapters' scales are
+    admin, the chat page's conversations generate."""
+    if path == "/metrics" or (path == "/lora-adapters" and method == "POST"):
+        return ADMIN
+    if path.startswith("/ui/api/"):
+        return GENERATE
+    kind = kind_of(path)
+    return None if kind in (None, READ) else kind
 
 
 class Bucket:

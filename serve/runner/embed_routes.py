@@ -22,25 +22,12 @@ from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import counter, gauge
+from tallow.serve.http.routing import bound
 from tallow.serve.http.usage import Row
 from tallow.wire import embed_api
+from tallow.wire.apis import EMBED, GENERATE, READ
 from tallow.wire.fields import APIError, parse_json
 from tallow.wire.request import Limits
-
-GENERATING = ("/chat/completions", "/completions", "/responses", "/messages", "/messages/count_tokens")
-
-
-def embed_routes(scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits,
-                 record: Callable[[Row], None] | None = None) -> list[Route]:
-    """/v1/embeddings, /api/embed, /api/embeddings and /v1/rerank (with and without /v1);
-    `scheduler()` gives the EmbedScheduler (made on first use where it is a factory);
-    `record` meters each request of an API key (serve --auth keys)."""
-    routes = EmbedRoutes(scheduler, cfg, limits, record)
-    out = [Route(p, routes.ollama_embed, methods=["POST"]) for p in embed_api.OLLAMA_EMBED_ROUTES]
-    for prefix in ("/v1", ""):
-        out += [Route(f"{prefix}/embeddings", routes.embeddings, methods=["POST"]),
-                Route(f"{prefix}/rerank", routes.rerank, methods=["POST"])]
-    return out
 
 
 class EmbedRoutes:
@@ -131,11 +118,10 @@ class EmbedApp:
 
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"])]
-        routes += embed_routes(lambda: self.sched, self.cfg, self.limits, self.record)
-        routes += [Route(p, self.generating, methods=["POST"]) for p in ("/api/chat", "/api/generate")]
-        for prefix in ("/v1", ""):
-            routes += [Route(f"{prefix}/models", self.models, methods=["GET"])]
-            routes += [Route(prefix + p, self.generating, methods=["POST"]) for p in GENERATING]
+        # by the APIs' records (wire/apis.py): the embedding routes, its model list, and every
+        # generating route refused by name
+        routes += bound((EmbedRoutes(lambda: self.sched, self.cfg, self.limits, self.record),), (EMBED,))
+        routes += bound((self,), (READ,)) + bound((), (GENERATE,), fallback=self.generating)
         app = Starlette(routes=routes, middleware=cors(self.cfg),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)

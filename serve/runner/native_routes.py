@@ -12,7 +12,6 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from tallow.common.errors import TallowError
 from tallow.wire import llamacpp_api
@@ -24,15 +23,6 @@ from tallow.wire.request import template_kwargs
 class NativeRoutes:
     def __init__(self, app) -> None:
         self.app = app  # the RunnerApp: body reading, limits, the answer path
-
-    def routes(self) -> list[Route]:
-        return [Route("/completion", self.completion, methods=["POST"]),
-                Route("/completions", self.completion, methods=["POST"]),  # llama-server's alias of /completion
-                Route("/infill", self.completion, methods=["POST"]),
-                Route("/tokenize", self.tokenize, methods=["POST"]),
-                Route("/detokenize", self.detokenize, methods=["POST"]),
-                Route("/apply-template", self.apply_template, methods=["POST"]),
-                Route("/props", self.props, methods=["GET"]), Route("/slots", self.slots, methods=["GET"])]
 
     async def completion(self, request: HTTPRequest) -> Response:
         """/completion, /completions and /infill: one prompt answered (streamed or whole), or

@@ -32,10 +32,11 @@ from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
+from tallow.serve.http.routing import bound
 from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.serve.http.usage import Row
 from tallow.serve.media_fetch import fetch_media
-from tallow.serve.runner.embed_routes import SideScheduler, embed_metrics, embed_routes
+from tallow.serve.runner.embed_routes import EmbedRoutes, SideScheduler, embed_metrics
 from tallow.serve.runner.native_routes import NativeRoutes
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
@@ -81,23 +82,13 @@ class RunnerApp:
 
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
-                  Route("/api/chat", self.ollama, methods=["POST"]),
-                  Route("/api/generate", self.ollama, methods=["POST"]),
                   Route("/lora-adapters", self.lora_adapters, methods=["GET", "POST"])]
         for prefix in ("/v1", ""):  # OpenAI clients given a bare base URL leave out /v1
-            routes += [
-                Route(f"{prefix}/chat/completions", self.chat_completions, methods=["POST"]),
-                # bare /completions is llama.cpp's native one, as on llama-server (NativeRoutes)
-                *([Route(f"{prefix}/completions", self.completions, methods=["POST"])] if prefix else []),
-                Route(f"{prefix}/responses", self.responses, methods=["POST"]),
-                Route(f"{prefix}/responses/{{rid}}", self.store.route, methods=["GET", "DELETE"]),
-                Route(f"{prefix}/messages", self.messages, methods=["POST"]),
-                Route(f"{prefix}/messages/count_tokens", self.count_tokens, methods=["POST"]),
-                Route(f"{prefix}/models", self.models, methods=["GET"]),
-                Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"]),
-            ]
-        routes += embed_routes(self.embedding, self.cfg, self.limits, self.record)
-        routes += NativeRoutes(self).routes()  # llama.cpp's own: /completion, /tokenize, /props, ...
+            routes += [Route(f"{prefix}/responses/{{rid}}", self.store.route, methods=["GET", "DELETE"]),
+                       Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"])]
+        # every API's routes by its record (wire/apis.py): this app's handlers, llama.cpp's native
+        # ones (/completion, /tokenize, /props, ...) and the embedding routes
+        routes += bound((self, NativeRoutes(self), EmbedRoutes(self.embedding, self.cfg, self.limits, self.record)))
         app = Starlette(routes=routes, middleware=cors(self.cfg),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)
