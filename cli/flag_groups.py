@@ -10,18 +10,35 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from tallow.cli import options as o
 
 
-def with_groups(**groups: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+class FlagGroup:
+    """A group of flags: each annotated class attribute is a flag (its annotation an Annotated
+    Typer option, its value the default). A plain class, not a dataclass: every command's
+    import makes its groups, and a dataclass's generated methods cost start-up time."""
+
+    def __init__(self, **values: Any) -> None:
+        for name in self.flag_names():
+            setattr(self, name, values[name] if name in values else getattr(type(self), name))
+
+    @classmethod
+    def flag_names(cls) -> list[str]:
+        return list(cls.__annotations__)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.flag_names())})"
+
+
+def with_groups(**groups: type[FlagGroup]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator: the command's parameter named `key` takes an instance of `groups[key]`,
-    built from that group's flags (its dataclass fields, each an Annotated Typer option)."""
+    built from that group's flags (FlagGroup's annotated attributes)."""
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command, eval_str=True)
-        members = {key: [f.name for f in fields(cls)] for key, cls in groups.items()}
+        members = {key: cls.flag_names() for key, cls in groups.items()}
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
@@ -32,16 +49,15 @@ def with_groups(**groups: type) -> Callable[[Callable[..., Any]], Callable[..., 
         added = []
         for cls in groups.values():
             hints = typing.get_type_hints(cls, include_extras=True)
-            added += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                                        annotation=hints[f.name]) for f in fields(cls)]
+            added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(cls, n),
+                                        annotation=hints[n]) for n in cls.flag_names()]
         wrapper.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *added] if p.annotation is not p.empty}
         return wrapper
     return decorate
 
 
-@dataclass(frozen=True)
-class ModelFiles:
+class ModelFiles(FlagGroup):
     """Files loaded with the model: a projector in place of the stored one, LoRA adapters."""
 
     mmproj: o.Mmproj = None
@@ -51,8 +67,7 @@ class ModelFiles:
         return {"--mmproj": self.mmproj is not None, "--lora": bool(self.lora)}
 
 
-@dataclass(frozen=True)
-class LoadFlags:
+class LoadFlags(FlagGroup):
     """How the local engine loads the model: context, threads, GPUs, attention, KV cache."""
 
     ctx: o.Ctx = None
@@ -84,8 +99,7 @@ class LoadFlags:
         return replace(load, mmproj=o.checked_mmproj(files.mmproj), loras=o.loras(files.lora))
 
 
-@dataclass(frozen=True)
-class DraftFlags:
+class DraftFlags(FlagGroup):
     """Speculative decoding: lookup drafts or a draft model, and the draft model's limits."""
 
     draft: o.Draft = None
@@ -106,8 +120,7 @@ class DraftFlags:
         return o.draft_model(load, self.draft, offline, self.draft_max, self.draft_min, self.draft_p_min, target)
 
 
-@dataclass(frozen=True)
-class ShowFlags:
+class ShowFlags(FlagGroup):
     """What a run or chat shows besides the answer."""
 
     stats: o.Stats = False
@@ -121,8 +134,7 @@ class ShowFlags:
         return not self.quiet and (self.stats or (stderr_is_terminal() and not as_json))
 
 
-@dataclass(frozen=True)
-class FormatFlags:
+class FormatFlags(FlagGroup):
     """The answer's shape: one JSON object, or one that follows a schema."""
 
     format_: o.Format = None
@@ -133,8 +145,7 @@ class FormatFlags:
         return o.structured(self.format_, self.json_schema)
 
 
-@dataclass(frozen=True)
-class EndpointFlags:
+class EndpointFlags(FlagGroup):
     """Another server in the place of the local engine."""
 
     endpoint: o.Endpoint = None

@@ -13,7 +13,6 @@ Pure data and checks: this module imports nothing of tallow, so every layer may 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 # The surfaces, and what a name on each is. Batch records are OpenAI bodies (jobs/records.py),
@@ -39,22 +38,27 @@ class FieldError(ValueError):
         self.message, self.name = message, name
 
 
-@dataclass(frozen=True)
 class Field:
     """One request field. `names`: its names per surface (the first is the one shown, the
-    rest are accepted aliases); `absent`: the surfaces that do not have it, and why."""
+    rest are accepted aliases); `absent`: the surfaces that do not have it, and why. A plain
+    class with slots (every command and every request reads the table; a dataclass's
+    generated methods would cost each command's start-up for nothing)."""
 
-    name: str  # the internal name: runtime.types.Sampling's field, or the request's
-    kind: type  # float, int or str
-    low: float | None
-    high: float | None
-    default: Any
-    help: str
-    names: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    absent: dict[str, str] = field(default_factory=dict)
-    many: bool = False  # repeatable: the values form a list (stop)
-    sampling: bool = True  # a field of runtime.types.Sampling
-    unset: dict[str, tuple[int, ...]] = field(default_factory=dict)  # a name -> its values that mean "not set"
+    __slots__ = ("name", "kind", "low", "high", "default", "help", "names", "absent", "many", "sampling", "unset")
+
+    def __init__(self, name: str, kind: type, low: float | None, high: float | None, default: Any, help: str,
+                 names: dict[str, tuple[str, ...]], absent: dict[str, str], many: bool = False,
+                 sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None) -> None:
+        self.name = name  # the internal name: runtime.types.Sampling's field, or the request's
+        self.kind = kind  # float, int or str
+        self.low, self.high, self.default, self.help = low, high, default, help
+        self.names, self.absent = names, absent
+        self.many = many  # repeatable: the values form a list (stop)
+        self.sampling = sampling  # a field of runtime.types.Sampling
+        self.unset = unset or {}  # a name -> its values that mean "not set"
+
+    def __repr__(self) -> str:
+        return f"Field({self.name!r})"
 
     def on(self, surface: str) -> str | None:
         """Its name on `surface`, or None where it is not there."""
@@ -64,39 +68,42 @@ class Field:
     def check(self, value: Any, label: str | None = None, text: bool = False) -> Any:
         """`value` as this field's kind, in range; FieldError (naming it as `label`) otherwise.
         `text`: a value typed as text (a flag, a PARAMETER line, /set), converted; else a JSON
-        value, which must already be of the kind (an integer field takes no 2.0)."""
-        label = label or self.name
+        value, which must already be of the kind (an integer field takes no 2.0). Every request
+        passes here: the common case (a number of the right kind, in range) builds no text."""
         if self.many and isinstance(value, (list, tuple)):
             return [self.check(v, label, text)[0] for v in value]
-        got = self.convert(value, label, text)
-        if self.low is not None and self.high is not None and not self.low <= got <= self.high:
+        kind = type(value)
+        if kind is self.kind:
+            got = value if kind is not float or math.isfinite(value) else None
+        elif kind is int and self.kind is float:
+            got = float(value)
+        else:
+            got = None
+        if got is None:
+            got = self.convert(value, label or self.name, text)
+        if self.low is not None and not self.low <= got <= self.high:
+            label = label or self.name
             show = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
             raise FieldError(f"{label} must be between {show(self.low)} and {show(self.high)}, not {value!r}", label)
+        if self.kind is str and not got:
+            raise FieldError(f"{label or self.name} {'wants a non-empty text' if text else 'must be a non-empty string'}",
+                             label or self.name)
         return [got] if self.many else got
 
     def convert(self, value: Any, label: str, text: bool) -> Any:
+        """The slow path of `check`: text converted, anything else of the wrong kind refused."""
+        if isinstance(value, str) and text and self.kind is not str:
+            try:
+                got = int(value.strip(), 10) if self.kind is int else float(value)
+                if self.kind is int or math.isfinite(got):
+                    return got
+            except ValueError:
+                pass
         if text:
             want = {str: "a non-empty text", int: "a whole number", float: "a number"}[self.kind]
-            problem = f"{label} wants {want}, not {value!r}"
-        else:
-            problem = f"{label} must be {({str: 'a non-empty string', int: 'an integer', float: 'a number'})[self.kind]}"
-        if isinstance(value, bool) or (isinstance(value, str) and not text and self.kind is not str):
-            raise FieldError(problem, label)
-        try:
-            if self.kind is str:
-                if not isinstance(value, str) or not value:
-                    raise ValueError
-                return value
-            if self.kind is int:
-                if isinstance(value, float) or not isinstance(value, (int, str)):
-                    raise ValueError
-                return value if isinstance(value, int) else int(value.strip(), 10)
-            got = float(value) if isinstance(value, (int, float, str)) else None
-            if got is None or not math.isfinite(got):
-                raise ValueError
-            return got
-        except ValueError:
-            raise FieldError(problem, label) from None
+            raise FieldError(f"{label} wants {want}, not {value!r}", label)
+        want = {str: "a non-empty string", int: "an integer", float: "a number"}[self.kind]
+        raise FieldError(f"{label} must be {want}", label)
 
 
 ALL = tuple(SURFACES)

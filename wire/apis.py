@@ -72,7 +72,7 @@ OLLAMA = API("ollama", "ollama", (
 ), ollama_api.ollama_error, owns=("/api/",))
 LLAMACPP = API("llamacpp", "llamacpp", (
     Route("/completion", GENERATE, "completion"),
-    Route("/completions", GENERATE, "completion"),  # llama-server's alias
+    Route("/completions", GENERATE, "bare_completions"),  # llama-server's alias (OpenAI's form: OpenAI's)
     Route("/infill", GENERATE, "completion"),
     Route("/tokenize", READ, "tokenize"), Route("/detokenize", READ, "detokenize"),
     Route("/apply-template", READ, "apply_template"),

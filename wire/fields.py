@@ -7,6 +7,7 @@ is a 400 that names it. A bad value is a 400 naming the field, never a 500.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -14,8 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from tallow.common.errors import TallowError
-from tallow.common.fields import BY_NAME, Field, FieldError, on_surface
-from tallow.common.fields import SAMPLING as SAMPLING_FIELDS
+from tallow.common.fields import BY_NAME, SURFACES, Field, FieldError, on_surface
 from tallow.runtime.grammar import Schema
 from tallow.runtime.media import MARKER
 from tallow.runtime.tools.choice import Tool, ToolChoice
@@ -166,32 +166,73 @@ TALLOW_SAMPLING = Sampling()
 def table_value(body: dict, f: Field, surface: str, prefix: str = "") -> Any:
     """Field `f` as the body gives it under its names on `surface` (aliases that disagree are
     refused), checked by the table; None when the body leaves it out."""
-    given = [(n, body[n]) for n in f.names.get(surface, ())
-             if body.get(n) is not None and (isinstance(body[n], bool) or body[n] not in f.unset.get(n, ()))]
-    if len({json.dumps(v) for _, v in given}) > 1:
-        raise APIError(f"{' and '.join(repr(prefix + n) for n, _ in given)} are one setting: give one",
-                       param=prefix + given[-1][0])
-    if not given:
-        return None
-    name, value = given[0]
+    given = None
+    for n in f.names.get(surface, ()):
+        if body.get(n) is not None:
+            given = [(n, body[n])] if given is None else [*given, (n, body[n])]
+    return _checked(f, given, prefix) if given else None
+
+
+def _checked(f: Field, given: list[tuple[str, Any]], prefix: str) -> Any:
+    if f.unset:
+        given = [(n, v) for n, v in given if isinstance(v, bool) or v not in f.unset.get(n, ())]
+        if not given:
+            return None
+    if len(given) > 1 and len({json.dumps(v) for _, v in given}) > 1:
+        raise _two_names(given[0][0], given[-1][0], prefix)
+    return _one(f, given[0][0], given[0][1], prefix)
+
+
+def _one(f: Field, name: str, value: Any, prefix: str) -> Any:
+    """A value checked by its row; a refusal names the field as the body spelled it."""
     try:
-        return f.check(value, f"'{prefix}{name}'")
-    except FieldError as exc:
-        raise APIError(exc.message, param=prefix + name) from None
+        return f.check(value)
+    except FieldError:
+        try:
+            f.check(value, f"'{prefix}{name}'")
+        except FieldError as exc:
+            raise APIError(exc.message, param=prefix + name) from None
+        raise
+
+
+def _two_names(first: str, second: str, prefix: str) -> APIError:
+    return APIError(f"'{prefix}{first}' and '{prefix}{second}' are one setting: give one", param=prefix + second)
+
+
+# per surface: each name the table gives a sampling field there -> the field
+SAMPLING_NAMES = {s: {n: f for n, f in on_surface(s).items() if f.sampling} for s in SURFACES}
 
 
 def sampling(body: dict, defaults: Sampling = TALLOW_SAMPLING, surface: str = "openai", prefix: str = "") -> Sampling:
     """Sampling settings from the body's sampling fields, by their names on `surface` (the
     field table, common/fields.py); what the client leaves out comes from `defaults` (the
-    server's: tallow's, as llama.cpp's server, or a created model's)."""
-    changes = {}
-    for f in SAMPLING_FIELDS:
-        value = table_value(body, f, surface, prefix)
-        if value is not None:
-            changes[f.name] = value
+    server's: tallow's, as llama.cpp's server, or a created model's). Walks the body's keys,
+    not the table: a request sets a few of the fields (every API's requests pass here)."""
+    names = SAMPLING_NAMES[surface]
+    changes: dict[str, Any] = {}
+    spelled: dict[str, tuple[str, Any]] = {}
+    for key, value in body.items():
+        f = names.get(key)
+        if f is None or value is None or (f.unset and not isinstance(value, bool) and value in f.unset.get(key, ())):
+            continue
+        first = spelled.get(f.name)
+        if first is None:
+            spelled[f.name] = (key, value)
+            changes[f.name] = _one(f, key, value, prefix)
+        elif json.dumps(first[1]) != json.dumps(value):  # an alias given too, and not the same
+            raise _two_names(first[0], key, prefix)
+    if not changes:
+        return defaults
     if changes.get("seed") is not None:
         changes["seed"] &= 0xFFFFFFFF  # llama.cpp's seeds are 32-bit
-    return replace(defaults, **changes)
+    return _with(defaults, tuple(changes.items()))
+
+
+@functools.lru_cache(maxsize=512)
+def _with(defaults: Sampling, changes: tuple[tuple[str, Any], ...]) -> Sampling:
+    """`defaults` with `changes`: made once for each setting seen (a dataclass's replace costs
+    more than all the checks above, and clients send the same settings request after request)."""
+    return replace(defaults, **dict(changes))
 
 
 def requested_tokens(body: dict, surface: str, prefix: str = "") -> int | None:

@@ -79,6 +79,16 @@ def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> P
     return parsed
 
 
+# fields only OpenAI's completions have: a body that names one is OpenAI's (bare /completions)
+OPENAI_ONLY = frozenset({"max_tokens", "max_completion_tokens", "logprobs", "echo", "suffix", "best_of", "n",
+                         "stream_options", "user"})
+
+
+def openai_form(body: dict[str, Any]) -> bool:
+    """Whether a bare /completions body is OpenAI's (it names a field only OpenAI's has)."""
+    return any(body.get(k) is not None for k in OPENAI_ONLY)
+
+
 def split(body: dict[str, Any]) -> list[dict[str, Any]]:
     """A body whose prompt is several prompts (llama.cpp's array of prompts: text, token
     lists, mixed lists or objects) as one body per prompt, each answered on its own; a body

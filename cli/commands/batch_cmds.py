@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Optional
+from typing import Annotated, Callable, Iterator, NamedTuple, Optional
 
 import typer
 
 from tallow.cli import options as o
 from tallow.cli import presets
-from tallow.cli.flag_groups import DraftFlags, EndpointFlags, LoadFlags, ModelFiles, with_groups
+from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FlagGroup, LoadFlags, ModelFiles, with_groups
 from tallow.cli.models import open_scheduler
 from tallow.cli.render import animated, err_console
 from tallow.common.errors import TallowError
 from tallow.env import settings
 
 
-@dataclass(frozen=True)
-class FleetFlags:
+class FleetFlags(FlagGroup):
     """Several servers (--endpoint, repeatable) or Ray actors: retries and prefix affinity."""
 
     retries: Annotated[int, typer.Option("--retries", min=0, max=100, help="With --endpoint: attempts after the first for a request that met a 429, a 5xx or a lost connection.")] = 6
@@ -30,8 +28,7 @@ class FleetFlags:
         return {"--retries": self.retries != 6, "--affinity-chars": self.affinity_chars != 512}
 
 
-@dataclass(frozen=True)
-class BatchRayFlags:
+class BatchRayFlags(FlagGroup):
     """--ray: the batch answered by Ray actors, each a tallow engine."""
 
     ray: Annotated[Optional[str], typer.Option("--ray", help="Answer on a Ray cluster: local (one started for the job), auto, or the head's address (ray://HOST:10001, HOST:6379). Needs tallow[ray].", show_default=False)] = None
@@ -40,8 +37,7 @@ class BatchRayFlags:
     ray_weights: Annotated[str, typer.Option("--ray-weights", help="With --ray: how nodes get the weights: path (the same file at the same path on every node), ship (through Ray's object store), auto (path, else shipped when up to 1 GiB).")] = "auto"
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """A batch's settings once checked."""
 
     model: str

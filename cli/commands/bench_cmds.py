@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli.flag_groups import EndpointFlags, with_groups
+from tallow.cli.flag_groups import EndpointFlags, FlagGroup, with_groups
 from tallow.cli.models import find_model
 from tallow.cli.render import animated, emit_rows, err_console, human_bytes, human_count
 from tallow.env import settings
@@ -40,8 +39,7 @@ def _layer_choices(value: str) -> list[str]:
     return [o.parse_gpu_layers(v) for v in value.split(",") if v.strip()] or [o.parse_gpu_layers("")]
 
 
-@dataclass(frozen=True)
-class LocalBench:
+class LocalBench(FlagGroup):
     """llama-bench's settings, each a comma-separated list to run every combination of."""
 
     pg: Annotated[Optional[list[str]], typer.Option("-pg", help="pp+tg tests: PROMPT,GEN (repeatable).", show_default=False)] = None
@@ -66,8 +64,7 @@ class LocalBench:
                 "-fa": self.flash_attn != "auto"}
 
 
-@dataclass(frozen=True)
-class LoadTest:
+class LoadTest(FlagGroup):
     """With --endpoint: the load a server is put under, and the SLO it is held to."""
 
     rate: Annotated[Optional[str], typer.Option("--rate", help="With --endpoint: Poisson arrival rates to load it at (requests/s, e.g. 0.5,1,2).", show_default=False)] = None
@@ -85,8 +82,7 @@ class LoadTest:
                 "--ignore-eos": self.ignore_eos}
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(FlagGroup):
     """Where the figures go: the format, a file to save them to, saved ones to compare with."""
 
     output: Annotated[str, typer.Option("-o", "--output", help="table, json, jsonl, csv or md.")] = "table"

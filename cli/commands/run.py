@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NamedTuple, Optional
 
 import typer
 
@@ -16,7 +16,16 @@ from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.errors import EXIT_INTERRUPTED
 from tallow.cli.field_flags import with_sampling_flags
-from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ModelFiles, ShowFlags, with_groups
+from tallow.cli.flag_groups import (
+    DraftFlags,
+    EndpointFlags,
+    FlagGroup,
+    FormatFlags,
+    LoadFlags,
+    ModelFiles,
+    ShowFlags,
+    with_groups,
+)
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
@@ -37,8 +46,7 @@ def read_prompt(prompt: str | None) -> tuple[str, str | None]:
     return text, (piped if piped and prompt else None)
 
 
-@dataclass(frozen=True)
-class ToolFlags:
+class ToolFlags(FlagGroup):
     """--tools: offer a file's tools, and print the answer and its calls as JSON."""
 
     tools_file: Annotated[Optional[Path], typer.Option("--tools", help="Offer the tools in this JSON file (a list of OpenAI function tools); prints the answer and its calls as JSON.", show_default=False)] = None
@@ -50,8 +58,7 @@ class ToolFlags:
             if self.tools_file is not None else None
 
 
-@dataclass(frozen=True)
-class HistoryFlags:
+class HistoryFlags(FlagGroup):
     """The history log: continue a logged conversation, or leave this one out."""
 
     continue_: Annotated[bool, typer.Option("--continue", "-c", help="Continue the most recent logged conversation.")] = False
@@ -118,8 +125,7 @@ def run(
         o.check_structured(final.text, final.finish_reason, schema)
 
 
-@dataclass(frozen=True)
-class Ask:
+class Ask(NamedTuple):
     """What a run asks of the model, once its flags are checked."""
 
     model: str

@@ -3,13 +3,13 @@ may do, the pool of runners, and Ray Serve (cli/flag_groups.py makes them flags 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from tallow.cli import options as o
+from tallow.cli.flag_groups import FlagGroup
 from tallow.env import settings
 from tallow.serve.config import RunnerConfig, ServerConfig
 
@@ -17,8 +17,7 @@ DEFAULT = RunnerConfig()
 GUARD = ServerConfig(model="")
 
 
-@dataclass(frozen=True)
-class ListenFlags:
+class ListenFlags(FlagGroup):
     """Where serve listens and who may ask it: address, keys, browsers, limits on connections."""
 
     host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback needs --api-key.")] = "127.0.0.1"
@@ -68,8 +67,7 @@ class ListenFlags:
                             conversations=str(settings.history_path()) if settings.logging_enabled() else None)
 
 
-@dataclass(frozen=True)
-class RequestFlags:
+class RequestFlags(FlagGroup):
     """What each request may do and gets by default."""
 
     parallel: o.Parallel = DEFAULT.parallel
@@ -86,8 +84,7 @@ class RequestFlags:
     allow_media_urls: Annotated[bool, typer.Option("--allow-media-urls", help="Fetch http(s) image URLs that requests name (10 s, 20 MB each): the server then requests any address a client gives it.")] = False
 
 
-@dataclass(frozen=True)
-class ServedFiles:
+class ServedFiles(FlagGroup):
     """The first MODEL's projector and adapters."""
 
     mmproj: Annotated[Optional[Path], typer.Option("--mmproj", help="The projector (mmproj GGUF) of the one MODEL: requests may then hold images.", show_default=False)] = None
@@ -100,8 +97,7 @@ class ServedFiles:
                                      "a projector goes with exactly one MODEL", param_hint="--mmproj")
 
 
-@dataclass(frozen=True)
-class PoolFlags:
+class PoolFlags(FlagGroup):
     """The runners: how many models stay loaded, in how much memory, for how long."""
 
     max_models: Annotated[int, typer.Option("--max-models", min=1, help="Models loaded at once; loading one more unloads the least recently used idle one.")] = 3
@@ -118,8 +114,7 @@ class PoolFlags:
         return budget
 
 
-@dataclass(frozen=True)
-class RayServeFlags:
+class RayServeFlags(FlagGroup):
     """serve --ray: the one MODEL as a Ray Serve application."""
 
     ray: Annotated[Optional[str], typer.Option("--ray", help="Serve the one MODEL on a Ray cluster with Ray Serve: local, auto, or the head's address. Needs tallow[ray].", show_default=False)] = None

@@ -25,10 +25,20 @@ class NativeRoutes:
         self.app = app  # the RunnerApp: body reading, limits, the answer path
 
     async def completion(self, request: HTTPRequest) -> Response:
-        """/completion, /completions and /infill: one prompt answered (streamed or whole), or
-        several (llama.cpp's array of prompts), each as its own request, answered as a list."""
-        app, path = self.app, request.url.path.replace("/completions", "/completion")
-        body, size = await app.body_of(request)
+        """/completion and /infill: one prompt answered (streamed or whole), or several
+        (llama.cpp's array of prompts), each as its own request, answered as a list."""
+        return await self.completion_of(request, *await self.app.body_of(request))
+
+    async def bare_completions(self, request: HTTPRequest) -> Response:
+        """Bare /completions: llama.cpp's native completion, as on llama-server, unless the body
+        is in OpenAI's form (an OpenAI client given a base URL without /v1): then /v1/completions."""
+        body, size = await self.app.body_of(request)
+        if llamacpp_api.openai_form(body):
+            return await self.app.completions_of(request, body, size)
+        return await self.completion_of(request, body, size)
+
+    async def completion_of(self, request: HTTPRequest, body: dict[str, Any], size: int) -> Response:
+        path = "/infill" if request.url.path == "/infill" else "/completion"
         bodies = llamacpp_api.split(body)
         if len(bodies) == 1:
             return await self.one(request, body, size, path)

@@ -165,7 +165,9 @@ class RunnerApp:
         return await self.answer(request, parsed, size, adapters)
 
     async def completions(self, request: HTTPRequest) -> Response:
-        body, size = await self.body_of(request)
+        return await self.completions_of(request, *await self.body_of(request))
+
+    async def completions_of(self, request: HTTPRequest, body: dict[str, Any], size: int) -> Response:
         parsed = parse_completion(body, self.limits)
         adapters = choice_adapters(parsed, self.cfg.model, self.engine.model.piece, self.cfg.fingerprint)
         return await self.answer(request, parsed, size, adapters)

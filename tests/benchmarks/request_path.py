@@ -12,7 +12,9 @@ so a busy machine's drift hits both alike:
         opening and the first decode (one token)
 
 Each revision runs from a tree laid out as the installed package (links to its folders, as
-.ci/lint lays them out), on this environment's dependencies. Prints each round's ratio
+.ci/lint lays them out), on this environment's dependencies, its modules compiled first as
+pip compiles an installed package's (else each run would pay for compiling whatever file a
+change touched, which no installed tallow does). Prints each round's ratio
 (after / before), the median ratio and its spread; exits 1 when a median ratio is over
 --target (1.0: never slower; a machine's noise shows in the spread).
 
@@ -64,11 +66,13 @@ print(json.dumps({"median_us": times[len(times) // 2] * 1e6}))
 
 
 def link_tree(source: Path, where: Path) -> Path:
-    """`where`/tallow/<package> -> `source`/<folder>, from source's pyproject package-dir."""
+    """`where`/tallow/<package> -> `source`/<folder>, from source's pyproject package-dir, compiled."""
     dirs = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     (where / "tallow").mkdir(parents=True)
     for package, folder in dirs.items():
         (where / "tallow" / package.split(".", 1)[1]).symlink_to(source / folder)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(where / "tallow")], check=True,
+                   stdout=subprocess.DEVNULL)
     return where
 
 
