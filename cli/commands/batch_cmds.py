@@ -96,12 +96,13 @@ def batch(
                 raise typer.BadParameter("this spreads requests over servers or actors: give --endpoint or --ray",
                                          param_hint=flag)
     job = Job(model, parallel, max_tokens, offline, o.parse_tool_format(tool_format), fleet)
+    checked = None if remote else load.settings(files)  # refused before the output is opened
     out, previous, total = _opened(input, output, retry_failed)
     with out:
         if remote:
             stats = _remote(remote, job, input, out, previous, total)
         else:
-            local = drafting.loaded(o.with_draft(load.settings(files), drafting.draft), offline, model)
+            local = drafting.loaded(o.with_draft(checked, drafting.draft), offline, model)
             sched = SchedulerSettings(parallel=parallel, deterministic=deterministic, kv_unified=kv_unified,
                                       max_queue=parallel * 4, max_tokens_cap=max_tokens, draft=drafting.method())
             stats = _on_ray(ray_opts, job, local, sched, input, out, previous, total) if ray_opts is not None else \
