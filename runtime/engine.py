@@ -7,6 +7,7 @@ the common prefix. The scheduler drives the same core for N sequences (docs/DESI
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -122,6 +123,7 @@ class Engine:
         self._template = None
         self._settings = settings
         self.disk: DiskPrefixes | None = None  # the disk prompt cache, once attached
+        self._prefix_tokens = functools.lru_cache(maxsize=64)(self._tokenized_prefix)
         self.digest: str | None = None  # the model file's sha256, when the store knows it
         self.load_ms = (time.perf_counter() - started) * 1000
 
@@ -244,8 +246,8 @@ class Engine:
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
             inside = opens_reasoning(tail, markers)
-        points = []
-        for prefix in cache_prefixes:
+        points = []  # where a cached prefix ends: only a disk cache saves them
+        for prefix in cache_prefixes if self.disk is not None else ():
             rendered = self._render_prefix(prefix, raw, template_tools)
             points.append(common_prefix(rendered, tokens))
         return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points),
@@ -274,8 +276,12 @@ class Engine:
         template = None if raw else self.chat_template()
         if template is None:
             return self.prompt_for(messages, raw=True)
-        return self.model.tokenize(template.render(messages, add_generation_prompt=False, tools=tools),
-                                   add_special=False, parse_special=True)
+        return list(self._prefix_tokens(template.render(messages, add_generation_prompt=False, tools=tools)))
+
+    def _tokenized_prefix(self, text: str) -> tuple[int, ...]:
+        """A rendered prefix's tokens (kept by `_prefix_tokens`, an LRU of this engine's: the same
+        system prompt comes with request after request, and tokenizing it cost as much as the rest)."""
+        return tuple(self.model.tokenize(text, add_special=False, parse_special=True))
 
     # -- the disk cache of prompt prefixes ---------------------------------------------------
     def use_prompt_cache(self, cache, model_sha256: str) -> None:
