@@ -116,16 +116,16 @@ def current() -> Preset | None:
 def sampling_base() -> Sampling:
     """Sampling's defaults with the running command's preset over them: the base its flags
     are applied to, so the settings without a flag (repeat_last_n, ...) come from the preset."""
-    from tallow.runtime.types import Sampling
+    from tallow.runtime.opening import RequestDefaults
 
-    preset = current()
-    return replace(Sampling(), **preset.sampling()) if preset is not None else Sampling()
+    return RequestDefaults.of(current()).sampling
 
 
 def stops() -> tuple[str, ...]:
     """The running command's preset's stop strings (requests that give none stop at these)."""
-    preset = current()
-    return tuple(preset.parameters.get("stop", ())) if preset is not None else ()
+    from tallow.runtime.opening import RequestDefaults
+
+    return RequestDefaults.of(current()).stop
 
 
 def given_fields() -> tuple[str, ...]:

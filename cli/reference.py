@@ -77,9 +77,8 @@ def render_parameters() -> str:
     lines += ["", "| field | type | range | default | what it does |", "| --- | --- | --- | --- | --- |"]
     for f in FIELDS:
         kind = ("list of " if f.many else "") + {int: "integer", float: "number", str: "text"}[f.kind]
-        rng = "" if f.low is None else f"{f.low:g} to {f.high:g}" if f.kind is float else f"{int(f.low)} to {int(f.high or 0)}"
         default = "" if f.default in (None, ()) else f"{f.default}"
-        lines.append(f"| `{f.name}` | {kind} | {rng} | {default} | {f.help} |")
+        lines.append(f"| `{f.name}` | {kind} | {f.span()} | {default} | {f.help} |")
     absent = [f"- `{f.name}` has no {COLUMNS[s]} name: {why}." for f in FIELDS for s, why in f.absent.items()]
     return "\n".join([*lines, "", *absent, "", PARAM_END] if absent else [*lines, "", PARAM_END])
 

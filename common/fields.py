@@ -83,12 +83,18 @@ class Field:
             got = self.convert(value, label or self.name, text)
         if self.low is not None and not self.low <= got <= self.high:
             label = label or self.name
-            show = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
-            raise FieldError(f"{label} must be between {show(self.low)} and {show(self.high)}, not {value!r}", label)
+            raise FieldError(f"{label} must be between {self.span(' and ')}, not {value!r}", label)
         if self.kind is str and not got:
             raise FieldError(f"{label or self.name} {'wants a non-empty text' if text else 'must be a non-empty string'}",
                              label or self.name)
         return [got] if self.many else got
+
+    def span(self, between: str = " to ") -> str:
+        """Its range as text ("0 to 2"; "" for none): the one way every surface shows it."""
+        if self.low is None or self.high is None:
+            return ""
+        shown = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
+        return f"{shown(self.low)}{between}{shown(self.high)}"
 
     def convert(self, value: Any, label: str, text: bool) -> Any:
         """The slow path of `check`: text converted, anything else of the wrong kind refused."""
@@ -170,14 +176,3 @@ def default(name: str) -> Any:
 def on_surface(surface: str) -> dict[str, Field]:
     """Every name `surface` gives a field (aliases included) -> the field."""
     return {n: f for f in FIELDS for n in f.names.get(surface, ())}
-
-
-def reference(surfaces: tuple[str, ...] = ALL) -> list[dict[str, Any]]:
-    """The table as rows to print (`tallow show --parameters`, the docs' reference)."""
-    rows = []
-    for f in FIELDS:
-        rng = "" if f.low is None else f"{f.low:g} to {f.high:g}" if f.kind is float else f"{int(f.low)} to {int(f.high or 0)}"
-        rows.append({"name": f.name, "type": ("list of " if f.many else "") + f.kind.__name__, "range": rng,
-                     "default": f.default, "help": f.help,
-                     **{s: ", ".join(f.names[s]) if s in f.names else None for s in surfaces}})
-    return rows

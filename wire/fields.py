@@ -163,6 +163,8 @@ def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("t
 
 
 TALLOW_SAMPLING = Sampling()
+
+
 def table_value(body: dict, f: Field, surface: str, prefix: str = "") -> Any:
     """Field `f` as the body gives it under its names on `surface` (aliases that disagree are
     refused), checked by the table; None when the body leaves it out."""

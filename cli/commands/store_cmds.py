@@ -205,9 +205,8 @@ def _show_parameters(preset, as_json: bool) -> None:
     rows = []
     for f in FIELDS:
         name = f.on("modelfile") or f.name
-        rng = "" if f.low is None else f"{f.low:g}..{f.high:g}" if f.kind is float else f"{int(f.low)}..{int(f.high or 0)}"
         rows.append({"name": name, "value": own.get(name, f.default), "source": "model" if name in own else "default",
-                     "range": rng, "help": f.help})
+                     "range": f.span(".."), "help": f.help})
     if as_json:
         _print_json(rows)
         return
