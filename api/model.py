@@ -62,13 +62,18 @@ class Model:
         self.engine.close()
 
     def stream(self, prompt: str | list[dict[str, Any]], *, system: str | None = None, max_tokens: int | None = None,
-               stop: tuple[str, ...] | None = None, raw: bool = False,
+               stop: tuple[str, ...] | None = None, raw: bool = False, format: str | dict | None = None,
+               grammar: str | None = None, logprobs: int | None = None, reasoning_budget: int | None = None,
                **sampling: Any) -> Iterator[TokenEvent | FinalEvent]:
         """The answer to `prompt` (a user message, or a whole list of chat messages), token by
         token. `sampling` takes the sampling fields by their names (temperature, top_k, top_p,
         min_p, typical_p, mirostat, repeat_penalty, seed, ...), each checked as every surface
-        checks it; a created model's parameters are the defaults of what is not given."""
-        request = self.engine.request(self.conversation(prompt, system), raw=raw, **self.options(max_tokens, stop, sampling))
+        checks it; a created model's parameters are the defaults of what is not given.
+        `format`: "json", or a JSON schema the answer follows; `grammar`: GBNF it follows;
+        `logprobs`: each token's log-probability and this many alternatives (TokenEvent's);
+        `reasoning_budget`: tokens a reasoning model may think for (-1: no cap)."""
+        options = {**self.options(max_tokens, stop, sampling), **shaped(format, grammar, logprobs, reasoning_budget)}
+        request = self.engine.request(self.conversation(prompt, system), raw=raw, **options)
         for event in self.engine.stream(request):
             if isinstance(event, FinalEvent):
                 self.last = event
@@ -99,3 +104,31 @@ class Model:
             pass
         assert self.last is not None  # a stream ends with its final record
         return self.last
+
+
+def shaped(format: str | dict | None, grammar: str | None, logprobs: int | None,
+           reasoning_budget: int | None) -> dict[str, Any]:
+    """The request's shaped fields (common/fields.py's SHAPED, as tallow.api names them), checked."""
+    import json
+
+    from tallow.runtime.grammar import check_gbnf, grammar_for, load_schema
+
+    out: dict[str, Any] = {}
+    if format is not None and grammar is not None:
+        raise ValueError("give format or grammar, not both: each constrains the whole answer")
+    if format is not None:
+        if not isinstance(format, dict) and format != "json":
+            raise ValueError(f"format must be 'json' or a JSON schema (a dict), not {format!r}")
+        out["grammar"] = grammar_for(True, None if format == "json" else load_schema(json.dumps(format)))
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise ValueError("grammar must be GBNF text")
+        check_gbnf(grammar)
+        out["grammar"] = grammar
+    for name, value, low in (("logprobs", logprobs, 0), ("reasoning_budget", reasoning_budget, -1)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= (20 if low == 0 else 2**31):
+            raise ValueError(f"{name} must be a whole number from {low} to {20 if low == 0 else 2**31}, not {value!r}")
+        out[name] = None if value == -1 else value
+    return out

@@ -135,14 +135,15 @@ class ShowFlags(FlagGroup):
 
 
 class FormatFlags(FlagGroup):
-    """The answer's shape: one JSON object, or one that follows a schema."""
+    """The answer's shape: one JSON object, one that follows a schema, or a GBNF grammar's."""
 
     format_: o.Format = None
     json_schema: o.JsonSchema = None
+    grammar: o.Grammar = None
 
     def structured(self):
         """(the GBNF grammar, the checked schema) the answer must follow; (None, None) for free text."""
-        return o.structured(self.format_, self.json_schema)
+        return o.structured(self.format_, self.json_schema, self.grammar)
 
 
 class EndpointFlags(FlagGroup):

@@ -57,6 +57,7 @@ DraftMax = Annotated[int, typer.Option("--draft-max", min=1, max=64, help="With 
 DraftMin = Annotated[int, typer.Option("--draft-min", min=0, max=64, help="With --draft MODEL: the fewest (0: drafting stops where it does not pay).")]
 DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0, help="With --draft MODEL: stop a draft where the draft model's top probability falls under this.")]
 Format = Annotated[Optional[str], typer.Option("--format", help="'json': the answer is always one JSON object (grammar-constrained).", show_default=False)]
+Grammar = Annotated[Optional[str], typer.Option("--grammar", help="A GBNF grammar (a file, or the grammar itself) the answer must follow, as llama.cpp's.", show_default=False)]
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 Lora = Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter (GGUF) to load with the model, FILE or FILE:SCALE (repeatable; the scale defaults to 1, 0 loads it unapplied).", show_default=False)]
 ReasoningBudget = Annotated[Optional[int], typer.Option("--reasoning-budget", min=0, max=2**31, help="Tokens a reasoning model may think for (its closing marker included) before its thinking is closed and it answers; 0: no thinking [default: no cap].", show_default=False)]
@@ -305,24 +306,35 @@ def _auto_draft(target):
     return local
 
 
-def structured(format_: str | None, json_schema: str | None):
-    """(grammar, schema) for --format / --json-schema; errors before anything is loaded."""
-    from pathlib import Path
-
-    from tallow.runtime.grammar import grammar_for, load_schema
+def structured(format_: str | None, json_schema: str | None, grammar: str | None = None):
+    """(grammar, schema) for --format / --json-schema / --grammar; errors before anything is loaded."""
+    from tallow.runtime.grammar import check_gbnf, grammar_for, load_schema
 
     if format_ not in (None, "json"):
         raise typer.BadParameter("the only format is 'json'", param_hint="--format")
+    if grammar is not None:
+        if format_ is not None or json_schema is not None:
+            raise typer.BadParameter("a grammar constrains the whole answer: give it without --format or "
+                                     "--json-schema", param_hint="--grammar")
+        text = grammar if "::=" in grammar else _read_text(grammar, "--grammar")
+        check_gbnf(text)
+        return text, None
     schema = None
     if json_schema is not None:
         text = json_schema
         if not json_schema.lstrip().startswith(("{", "true", "false")):
-            try:
-                text = Path(json_schema).expanduser().read_text(encoding="utf-8")
-            except OSError as exc:
-                raise typer.BadParameter(f"cannot read {json_schema}: {exc.strerror or exc}", param_hint="--json-schema") from exc
+            text = _read_text(json_schema, "--json-schema")
         schema = load_schema(text)
     return grammar_for(format_ == "json", schema), schema
+
+
+def _read_text(path: str, flag: str) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", param_hint=flag) from exc
 
 
 def check_structured(text: str, finish_reason: str, schema) -> None:

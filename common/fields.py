@@ -44,13 +44,18 @@ class Field:
     class with slots (every command and every request reads the table; a dataclass's
     generated methods would cost each command's start-up for nothing)."""
 
-    __slots__ = ("name", "kind", "low", "high", "default", "help", "names", "absent", "many", "sampling", "unset")
+    __slots__ = ("name", "kind", "low", "high", "default", "help", "names", "absent", "many", "sampling", "unset",
+                 "shape")
 
     def __init__(self, name: str, kind: type, low: float | None, high: float | None, default: Any, help: str,
                  names: dict[str, tuple[str, ...]], absent: dict[str, str], many: bool = False,
-                 sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None) -> None:
+                 sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None, shape: str = "") -> None:
         self.name = name  # the internal name: runtime.types.Sampling's field, or the request's
-        self.kind = kind  # float, int or str
+        self.kind = kind  # float, int or str; object for a shaped field (below)
+        # A shaped field (`shape` says what its value is: a schema, tools, a map of biases) is
+        # carried by one or more body fields per surface, each surface in its own form; its
+        # `names` are those body fields, together, and the surface's parser checks the shape.
+        self.shape = shape
         self.low, self.high, self.default, self.help = low, high, default, help
         self.names, self.absent = names, absent
         self.many = many  # repeatable: the values form a list (stop)
@@ -165,7 +170,98 @@ FIELDS: tuple[Field, ...] = (
          sampling=False, many=True, rename={"anthropic": "stop_sequences"}, absent={"set": NO_STOP_SET}),
 )
 
-BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+
+
+def _shaped(name: str, shape: str, help: str, names: dict[str, tuple[str, ...] | str], absent: dict[str, str]) -> Field:
+    """A shaped field: its body fields on each surface that has it, and why the others do not."""
+    named = {s: (n,) if isinstance(n, str) else n for s, n in names.items()}
+    return Field(name, object, None, None, None, help, named, absent, sampling=False, shape=shape)
+
+
+PRESET = "a preset holds a model's defaults for sampling and limits; this is each request's own"
+AT_START = "chat sets this once, with its flag, when it starts"
+FROM_FORMAT = {"responses": "a schema goes in text.format", "ollama": "a schema goes in format",
+               "api": "format takes a schema, as Ollama's does"}
+NO_MESSAGES_SHAPE = ("the Messages API has no such field; a tool's input_schema with tool_choice shapes an answer, "
+                     "and tallow takes those")
+NATIVE_TEXT = "the native body is a plain-text prompt, with no chat template around it"
+
+SHAPED: tuple[Field, ...] = (
+    _shaped("format", "text, json_object or a JSON schema", "The answer's shape: free text, one JSON object, or JSON "
+            "that follows a schema (grammar-constrained).",
+            {"openai": "response_format", "responses": "text", "ollama": "format", "cli": "--format", "api": "format"},
+            {"anthropic": NO_MESSAGES_SHAPE, "llamacpp": "the native body gives a shape as json_schema or grammar",
+             "modelfile": PRESET, "set": AT_START}),
+    _shaped("json_schema", "a JSON schema", "The answer is JSON that follows this schema (llama.cpp's extension on "
+            "OpenAI's bodies).",
+            {"openai": "json_schema", "llamacpp": "json_schema", "cli": "--json-schema"},
+            {**FROM_FORMAT, "anthropic": NO_MESSAGES_SHAPE, "modelfile": PRESET, "set": AT_START}),
+    _shaped("grammar", "GBNF text", "The answer follows this GBNF grammar (llama.cpp's).",
+            {"openai": "grammar", "llamacpp": "grammar", "cli": "--grammar", "api": "grammar"},
+            {"responses": "not in the Responses API; text.format takes a schema",
+             "anthropic": NO_MESSAGES_SHAPE, "ollama": "not in Ollama's API; format takes a schema",
+             "modelfile": PRESET, "set": AT_START}),
+    _shaped("logit_bias", "token id (or, natively, text) -> bias from -100 to 100",
+            "Add a bias to tokens' logits; -100 bans a token.",
+            {"openai": "logit_bias", "responses": "logit_bias", "llamacpp": "logit_bias"},
+            {"anthropic": "the Messages API has no logit bias", "ollama": "Ollama has no logit-bias option",
+             "modelfile": PRESET, "cli": "token ids are the model's own: the APIs take them, a flag does not yet",
+             "set": "token ids are the model's own: the APIs take them, /set does not yet",
+             "api": "token ids are the model's own: the HTTP APIs take them, tallow.api does not yet"}),
+    _shaped("logprobs", "how many likeliest alternatives (0 to 20)", "Report each token's log-probability and its "
+            "N likeliest alternatives.",
+            {"openai": ("logprobs", "top_logprobs"), "ollama": ("logprobs", "top_logprobs"), "llamacpp": "n_probs",
+             "cli": "--logprobs", "set": "logprobs", "api": "logprobs"},
+            {"responses": "Responses gives them with include: message.output_text.logprobs, which tallow does not "
+             "make yet", "anthropic": "the Messages API has no log-probabilities", "modelfile": PRESET}),
+    _shaped("tools", "function tools, and which one the model must call", "Offer the model functions to call, and "
+            "constrain its calls to their schemas.",
+            {"openai": ("tools", "tool_choice", "parallel_tool_calls"),
+             "responses": ("tools", "tool_choice", "parallel_tool_calls"), "anthropic": ("tools", "tool_choice"),
+             "ollama": "tools", "cli": ("--tools", "--tool-choice")},
+            {"llamacpp": NATIVE_TEXT + "; tools go through /v1/chat/completions", "modelfile": PRESET,
+             "set": "a chat shows the answer as text; tool calls need a client that runs them (tallow run --tools)",
+             "api": "tallow.api answers with text; a client that runs tools talks to tallow serve"}),
+    _shaped("reasoning", "a budget in tokens (-1: none), or an effort", "How long a reasoning model may think "
+            "(tokens, its closing marker included); an effort stands for a budget.",
+            {"openai": ("reasoning_budget", "reasoning_effort"), "responses": ("reasoning_budget", "reasoning"),
+             "anthropic": "thinking", "ollama": "think", "cli": "--reasoning-budget", "api": "reasoning_budget"},
+            {"llamacpp": NATIVE_TEXT, "modelfile": PRESET, "set": AT_START}),
+    _shaped("draft", "\"lookup\" or the draft model's name", "Speculative decoding: draft from the prompt and "
+            "answer so far, or with the draft model loaded beside this one.",
+            {"openai": "draft", "responses": "draft", "anthropic": "draft", "llamacpp": "draft", "cli": "--draft",
+             "set": "draft"},
+            {"ollama": "Ollama's bodies have no place for it; tallow serve --draft drafts for every request",
+             "modelfile": PRESET, "api": "tallow.api loads no draft model"}),
+    _shaped("lora", "each loaded adapter's scale, by id", "The scale of each LoRA adapter loaded with the model "
+            "(an adapter not named is off).",
+            {"openai": "lora", "llamacpp": "lora", "cli": "--lora"},
+            {"responses": "not in the Responses API; use the OpenAI or native bodies",
+             "anthropic": "not in the Messages API; use the OpenAI or native bodies",
+             "ollama": "not in Ollama's API; use the OpenAI or native bodies",
+             "modelfile": "ADAPTER lines load adapters with the model, at scale 1",
+             "set": "adapters are loaded when the chat starts (--lora FILE:SCALE)",
+             "api": "tallow.api loads a created model's ADAPTER lines, at their scale"}),
+    _shaped("cache", "true or false", "Reuse the longest cached prefix of the prompt (false: evaluate it all); "
+            "save_prompt keeps the whole prompt in the disk cache.",
+            {"openai": ("cache_prompt", "save_prompt"), "llamacpp": "cache_prompt", "cli": "--no-cache",
+             "api": "prompt_cache"},
+            {"responses": "every Responses request reuses the longest cached prefix",
+             "anthropic": "every Messages request reuses the longest cached prefix (cache_control is not needed)",
+             "ollama": "every Ollama request reuses the longest cached prefix", "modelfile": PRESET,
+             "set": "a chat keeps its own cache, from turn to turn"}),
+    _shaped("media", "images and audio among the prompt's parts", "Images and audio for a model with a projector.",
+            {"openai": ("image_url", "input_audio"), "responses": "input_image", "anthropic": "image",
+             "ollama": "images", "llamacpp": "multimodal_data", "cli": ("--image", "--audio"), "set": ("/image", "/audio")},
+            {"modelfile": "a Modelfile gives the projector (FROM a vision model), not what it is shown",
+             "api": "tallow.api takes text and messages of text; serve the model for images and audio"}),
+)
+
+# The names of a shaped field that are carried inside a message's content (a part's type) or the
+# prompt object (llama.cpp's multimodal_data), or are chat commands: not a body's top-level fields
+IN_CONTENT = {"image_url", "input_audio", "input_image", "image", "multimodal_data", "/image", "/audio"}
+
+BY_NAME: dict[str, Field] = {f.name: f for f in (*FIELDS, *SHAPED)}
 SAMPLING = tuple(f for f in FIELDS if f.sampling)
 
 
@@ -173,6 +269,7 @@ def default(name: str) -> Any:
     return BY_NAME[name].default
 
 
-def on_surface(surface: str) -> dict[str, Field]:
-    """Every name `surface` gives a field (aliases included) -> the field."""
-    return {n: f for f in FIELDS for n in f.names.get(surface, ())}
+def on_surface(surface: str, shaped: bool = False) -> dict[str, Field]:
+    """Every name `surface` gives a field (aliases included) -> the field: the valued fields
+    (FIELDS), and with `shaped` the shaped ones too."""
+    return {n: f for f in (*FIELDS, *(SHAPED if shaped else ())) for n in f.names.get(surface, ())}

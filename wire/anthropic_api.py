@@ -16,6 +16,7 @@ from tallow.runtime.media import MARKER
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
+    body_names,
     check_fields,
     draft_field,
     field_names,
@@ -31,9 +32,8 @@ from tallow.wire.fields import (
 from tallow.wire.media_parts import Fetch, anthropic_block
 from tallow.wire.request import Limits, Parsed, generation
 
-FIELDS = field_names("anthropic") | {"model", "messages", "system", "stream", "tools", "tool_choice", "thinking",
-                                     "draft"}
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
+FIELDS = field_names("anthropic") | body_names("anthropic") | {"model", "messages", "system", "stream"}
+COUNT_FIELDS = body_names("anthropic", "tools", "reasoning") | {"model", "messages", "system"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 

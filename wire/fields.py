@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from tallow.common.errors import TallowError
-from tallow.common.fields import BY_NAME, SURFACES, Field, FieldError, on_surface
+from tallow.common.fields import BY_NAME, IN_CONTENT, SHAPED, SURFACES, Field, FieldError, on_surface
 from tallow.runtime.grammar import Schema
 from tallow.runtime.media import MARKER
 from tallow.runtime.tools.choice import Tool, ToolChoice
@@ -244,8 +244,14 @@ def requested_tokens(body: dict, surface: str, prefix: str = "") -> int | None:
 
 
 def field_names(surface: str) -> set[str]:
-    """Every name the field table gives a field on `surface`: the fields its parser takes."""
+    """Every name the field table gives a valued field on `surface` (sampling, length, stop)."""
     return set(on_surface(surface))
+
+
+def body_names(surface: str, *rows: str) -> set[str]:
+    """The body fields that carry the table's shaped fields on `surface` (only `rows`, when
+    named): the top-level ones, not a content part's type."""
+    return {n for f in SHAPED if not rows or f.name in rows for n in f.names.get(surface, ()) if n not in IN_CONTENT}
 
 
 def stops(value: Any, name: str = "stop", most: int = 4, default: tuple[str, ...] = ()) -> tuple[str, ...]:

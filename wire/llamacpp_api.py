@@ -15,16 +15,25 @@ import time
 from typing import Any
 
 from tallow.runtime.types import FinalEvent, TokenEvent
-from tallow.wire.fields import APIError, check_fields, field_names, flag, number, requested_tokens, sampling, stops
+from tallow.wire.fields import (
+    APIError,
+    body_names,
+    check_fields,
+    field_names,
+    flag,
+    number,
+    requested_tokens,
+    sampling,
+    stops,
+)
 from tallow.wire.openai_api import parse_completion
 from tallow.wire.request import Limits, Parsed, llama_timings
 
 # The request fields (the field table's names on this API), read from the body itself.
-TABLE = field_names("llamacpp")
-# Passed on as /v1/completions takes them (the names are the same there).
-SAME = {"model", "stream", "grammar", "json_schema", "ignore_eos", "cache_prompt", "id_slot", "lora", "draft"}
-OWN = {"prompt", "logit_bias", "n_probs", "slot_id", "return_tokens", "timings_per_token", "return_progress",
-       "samplers", "response_fields"}
+TABLE = field_names("llamacpp") | body_names("llamacpp")
+# Passed on as /v1/completions takes them (the names are the same there; a text logit bias is not).
+SAME = {"model", "stream", "ignore_eos", "id_slot"} | body_names("llamacpp") & body_names("openai") - {"logit_bias"}
+OWN = {"prompt", "slot_id", "return_tokens", "timings_per_token", "return_progress", "samplers", "response_fields"}
 # llama.cpp's settings tallow has no such thing for: accepted at their default, refused otherwise
 DEFAULTS: dict[str, Any] = {"dynatemp_range": 0, "dynatemp_exponent": 1, "dry_multiplier": 0, "dry_base": 1.75,
                             "dry_allowed_length": 2, "dry_penalty_last_n": -1, "dry_sequence_breakers": None,

@@ -19,6 +19,7 @@ from tallow.runtime.grammar import Schema
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
+    body_names,
     check_fields,
     effort_budget,
     field_names,
@@ -35,10 +36,10 @@ from tallow.wire.fields import (
 from tallow.wire.media_parts import ollama_images
 from tallow.wire.request import Limits, Parsed, generation
 
-CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
-               "top_logprobs"}
-GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format", "images",
-                   "options", "keep_alive", "think", "logprobs", "top_logprobs"}
+# the field table's shaped fields (images go in a message on /api/chat), and this API's own
+CHAT_FIELDS = body_names("ollama") - {"images"} | {"model", "messages", "options", "stream", "keep_alive"}
+GENERATE_FIELDS = body_names("ollama") | {"model", "prompt", "suffix", "system", "template", "context", "stream",
+                                          "raw", "options", "keep_alive"}
 # the request fields' options (the field table's names), and the load options checked against the load
 OPTIONS = field_names("ollama") | {"num_ctx", "num_thread", "num_gpu"}
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}  # others pass as they are

@@ -17,6 +17,7 @@ from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.types import FinalEvent, Request, TokenEvent
 from tallow.wire.fields import (
     APIError,
+    body_names,
     check_fields,
     draft_field,
     field_names,
@@ -39,16 +40,15 @@ from tallow.wire.legacy_functions import modernize, whole_message
 from tallow.wire.media_parts import Fetch, openai_part, reader
 from tallow.wire.request import Limits, Parsed, generation, llama_timings, template_kwargs
 
-SHARED_FIELDS = field_names("openai") | {
-    "model", "stream", "stream_options", "response_format", "n", "draft", "save_prompt", "ignore_eos", "logit_bias",
-    "grammar", "json_schema", "cache_prompt", "lora", "reasoning_effort", "reasoning_budget", "id_slot", "verbosity",
-    "prediction",
+# the field table's names (valued and shaped), and this API's own
+SHARED_FIELDS = field_names("openai") | body_names("openai") - body_names("openai", "tools") | {
+    "model", "stream", "stream_options", "n", "ignore_eos", "id_slot", "verbosity", "prediction",
     # llama.cpp's stream extras: every answer already carries its timings, and the
     # prompt's progress is not streamed; neither changes the answer
     "timings_per_token", "return_progress"}
-CHAT_FIELDS = SHARED_FIELDS | {"messages", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                               "continue_final_message", "add_generation_prompt", "chat_template_kwargs"}
-COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "logprobs", "echo", "suffix"}
+CHAT_FIELDS = SHARED_FIELDS | body_names("openai", "tools") | {
+    "messages", "continue_final_message", "add_generation_prompt", "chat_template_kwargs"}
+COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "echo", "suffix"}
 
 
 MOST_CHOICES = 16
@@ -216,7 +216,10 @@ def parse_completion(body: dict, limits: Limits) -> Parsed:
         raise APIError("'prompt' must be a non-empty string, or a list of token ids", param="prompt")
     if body.get("suffix") is not None:
         raise APIError("'suffix' is not supported", param="suffix")
-    logprobs = number(body, "logprobs", 0, 20, None, integer=True)
+    logprobs = number(body, "logprobs", 0, 20, None, integer=True)  # the legacy form: the count itself
+    if body.get("top_logprobs") is not None:
+        raise APIError("'top_logprobs' is chat's: /v1/completions takes the count as 'logprobs'",
+                       param="top_logprobs")
     echo = flag(body, "echo")
     if echo and logprobs is not None:
         raise APIError("'echo' with 'logprobs' would need the prompt's log-probabilities, which tallow does not "

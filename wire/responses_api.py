@@ -18,6 +18,7 @@ from tallow.runtime.grammar import Schema
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
+    body_names,
     check_fields,
     draft_field,
     field_names,
@@ -36,9 +37,9 @@ from tallow.wire.fields import (
 from tallow.wire.media_parts import Fetch, openai_part, reader
 from tallow.wire.request import Limits, Parsed
 
-FIELDS = field_names("responses") | {
-          "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "store",
-          "previous_response_id", "include", "truncation", "draft", "logit_bias", "stream_options", "reasoning_budget"}
+FIELDS = field_names("responses") | body_names("responses") | {
+    "model", "input", "instructions", "stream", "store", "previous_response_id", "include", "truncation",
+    "stream_options"}
 
 
 def new_id(prefix: str) -> str:

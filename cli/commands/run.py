@@ -103,7 +103,8 @@ def run(
     history = open_history(not past.no_log)
     conversation_id, earlier, system = _continued(history, past.continue_, past.cid, system)
     ask = Ask(model, system, max_tokens, tuple(stop or ()), raw, reasoning_budget, offline or settings.offline(),
-              as_json, logprobs, no_cache, n, replace(presets.sampling_base(), **sampling_flags), spec, grammar, schema)
+              as_json, logprobs, no_cache, n, replace(presets.sampling_base(), **sampling_flags), spec, grammar, schema,
+              shape.grammar is None and grammar is not None)
     media = o.read_media(image, audio)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and ask.tools is None
     text, document = _prompt_text(prompt, interactive, media, image, audio, n)
@@ -121,7 +122,7 @@ def run(
     log_turn(history, conversation_id, name, system, text, final)
     if final.finish_reason == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
-    if grammar is not None:
+    if ask.json_answer:
         o.check_structured(final.text, final.finish_reason, schema)
 
 
@@ -143,6 +144,7 @@ class Ask(NamedTuple):
     tools: Any
     grammar: str | None
     schema: Any
+    json_answer: bool = False  # --format or --json-schema: the answer is checked to be JSON (its schema's)
 
 
 def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, image, audio, reasoning_budget, no_cache: bool,
@@ -208,7 +210,7 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
                              reasoning_budget=ask.reasoning_budget)
     if ask.n > 1:
         _several(engine, request, ask.n, name, conversation_id, history, ask.system, text, ask.as_json, ask.logprobs,
-                 show.stats_line(ask.as_json), ask.grammar, ask.schema)
+                 show.stats_line(ask.as_json), ask.json_answer, ask.schema)
         return None
     tokens: list = []
     final = _stream(engine, request, echo=not ask.as_json and ask.tools is None,
@@ -236,7 +238,7 @@ def _print_json(engine, ask: Ask, name: str, conversation_id: str, request, fina
 
 
 def _several(engine, request: Request, n: int, name: str, conversation_id: str, history, system, text,
-             as_json: bool, logprobs: int | None, show_stats: bool, grammar, schema) -> None:
+             as_json: bool, logprobs: int | None, show_stats: bool, json_answer: bool, schema) -> None:
     """--n: the answers whole, in order (text, or one JSON object with `choices` as a batch
     record has them); the stats line of them all; the first answer goes to the history log."""
     from tallow.cli.commands.run_n import answer_n, print_choices
@@ -257,7 +259,7 @@ def _several(engine, request: Request, n: int, name: str, conversation_id: str, 
     if show_stats:
         err_console().print(f"{stats_line(whole)} · {n} answers", style="dim", soft_wrap=True)
     log_turn(history, conversation_id, name, system, text, choices[0][0])
-    if grammar is not None:
+    if json_answer:
         for final, _ in choices:
             o.check_structured(final.text, final.finish_reason, schema)
 
