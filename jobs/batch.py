@@ -16,13 +16,14 @@ from typing import Any, Callable, Iterable, TextIO
 from tallow.common.errors import TallowError
 from tallow.jobs.records import BatchStats, Previous, Records, id_and_body, record_key
 from tallow.runtime.answer import Answer
+from tallow.runtime.intake import to_request
 from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.scheduling.forks import merged, submit_forks
 from tallow.runtime.scheduling.handle import Failure
 from tallow.runtime.scheduling.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import APIError, parse_json
-from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import parse_chat, parse_completion
 from tallow.wire.request import Limits
 
 

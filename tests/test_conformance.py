@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tallow.common.errors import TallowError
+from tallow.runtime.intake import to_request
 from tallow.wire import anthropic_api, responses_api
-from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import parse_chat, parse_completion
 from tallow.wire.request import Limits
 
 pytestmark = pytest.mark.slow  # servers fuzzed by hypothesis

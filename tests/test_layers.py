@@ -205,6 +205,23 @@ def test_the_front_never_loads_an_engine():
     assert loaded.strip() == "[]", loaded
 
 
+def test_wire_only_translates():
+    """The APIs' formats (wire/) take bodies and give checked requests and answers: no function
+    there is handed an engine, an embedder or a scheduler, or tokenizes; that is done once, in
+    runtime/intake.py and runtime/embedding/intake.py."""
+    found = []
+    for pkg, path, tree in modules():
+        if pkg != "wire":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{path.name}:{node.name}({a.arg})" for a in node.args.args + node.args.kwonlyargs
+                          if a.arg in ("engine", "embedder", "sched", "scheduler")]
+            if isinstance(node, ast.Attribute) and node.attr in ("tokenize", "detokenize", "engine", "embedder"):
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not found, found
+
+
 def test_no_import_cycles_even_inside_functions():
     graph = import_graph()
     index: dict[str, int] = {}

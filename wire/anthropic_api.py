@@ -12,6 +12,7 @@ import secrets
 from typing import Any
 
 from tallow.runtime.answer import Outcome
+from tallow.runtime.intake import Parsed
 from tallow.runtime.media import MARKER
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
@@ -30,7 +31,7 @@ from tallow.wire.fields import (
     tool_list,
 )
 from tallow.wire.media_parts import Fetch, anthropic_block
-from tallow.wire.request import Limits, Parsed, generation
+from tallow.wire.request import Limits, generation
 
 FIELDS = field_names("anthropic") | body_names("anthropic") | {"model", "messages", "system", "stream"}
 COUNT_FIELDS = body_names("anthropic", "tools", "reasoning") | {"model", "messages", "system"}

@@ -7,29 +7,18 @@ reranker) serves these; a chat model's runner answers them with a 400 that says 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from tallow.common.errors import TallowError
 from tallow.runtime.embedding.embed import Shaping, cosine, relevance, shape
-from tallow.runtime.embedding.embed_scheduler import EmbedQueueFull, EmbedScheduler
+from tallow.runtime.embedding.intake import EmbedAsk, EmbedRequest
 from tallow.wire.fields import APIError, check_fields, flag, number
 
 MAX_INPUTS = 2048  # per request (OpenAI's limit)
 
 
-@dataclass(frozen=True)
-class EmbedRequest:
-    inputs: list[list[int]]
-    texts: list[str] | None  # when given as text (rerank returns documents)
-    shaping: Shaping
-    base64: bool = False
-
-
-def _texts_or_tokens(value: Any, name: str, n_vocab: int) -> tuple[list[str] | None, list[list[int]] | None]:
+def _texts_or_tokens(value: Any, name: str) -> tuple[list[str] | None, list[list[int]] | None]:
     """OpenAI's `input`: a string, strings, a token array, or token arrays."""
     if isinstance(value, str):
         return [value], None
@@ -45,47 +34,32 @@ def _texts_or_tokens(value: Any, name: str, n_vocab: int) -> tuple[list[str] | N
         raise APIError(f"'{name}' mixes kinds: give strings, or arrays of token ids", param=name)
     for i, arr in enumerate(value):
         for t in arr:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
-                raise APIError(f"'{name}[{i}]' holds {t!r}, not a token id between 0 and {n_vocab - 1}", param=name)
-    return None, [list(v) for v in value]
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise APIError(f"'{name}[{i}]' holds {t!r}, not a token id", param=name)
+    return None, [list(v) for v in value]  # each id below the vocabulary's size: runtime/embedding/intake.py
 
 
-def _fitted(embedder, texts, tokens, truncate: bool, name: str) -> list[list[int]]:
-    for i, t in enumerate(texts or []):
+def _texts(texts: list[str], name: str) -> list[str]:
+    for i, t in enumerate(texts):
         if not t.strip():
             raise APIError(f"'{name}[{i}]' is empty: every input needs some text", param=name)
-    if texts is not None:
-        tokens = [embedder.tokens(t) for t in texts]
-    try:
-        return [embedder.fit(t, i, truncate) for i, t in enumerate(tokens)]
-    except TallowError as exc:
-        raise APIError(exc.message, param=name, code="context_length_exceeded"
-                       if "at most" in exc.message else None) from exc
+    return texts
 
 
-def _dimensions(body: dict, embedder) -> int | None:
-    dims = number(body, "dimensions", 1, 1 << 20, None, integer=True)
-    try:
-        embedder.check_dimensions(dims)
-    except TallowError as exc:
-        raise APIError(exc.message, param="dimensions") from exc
-    return dims
-
-
-def parse_openai(body: dict, embedder) -> EmbedRequest:
+def parse_openai(body: dict) -> EmbedAsk:
     check_fields(body, {"model", "input", "encoding_format", "dimensions", "truncate"}, "/v1/embeddings")
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise APIError(f"'encoding_format' must be float or base64, not {fmt!r}", param="encoding_format")
     if "input" not in body:
         raise APIError("'input' is required", param="input")
-    texts, tokens = _texts_or_tokens(body["input"], "input", embedder.engine.model.n_vocab)
-    dims = _dimensions(body, embedder)
-    inputs = _fitted(embedder, texts, tokens, flag(body, "truncate"), "input")
-    return EmbedRequest(inputs, texts, Shaping(True, dims), base64=fmt == "base64")
+    texts, tokens = _texts_or_tokens(body["input"], "input")
+    dims = number(body, "dimensions", 1, 1 << 20, None, integer=True)
+    return EmbedAsk("input", _texts(texts, "input") if texts is not None else None, tokens, flag(body, "truncate"),
+                    Shaping(True, dims), base64=fmt == "base64")
 
 
-def parse_ollama(body: dict, embedder, legacy: bool) -> EmbedRequest:
+def parse_ollama(body: dict, legacy: bool) -> EmbedAsk:
     """/api/embed: `input` text or texts, `truncate` (default true, as Ollama); the older
     /api/embeddings: one `prompt`, its vector not normalized (as Ollama returns it)."""
     key = "prompt" if legacy else "input"
@@ -108,14 +82,15 @@ def parse_ollama(body: dict, embedder, legacy: bool) -> EmbedRequest:
     truncate = body.get("truncate", True)
     if not isinstance(truncate, bool):
         raise APIError("'truncate' must be true or false", param="truncate")
-    dims = _dimensions(body, embedder)
-    return EmbedRequest(_fitted(embedder, texts, None, truncate, key), texts, Shaping(not legacy, dims))
+    dims = number(body, "dimensions", 1, 1 << 20, None, integer=True)
+    return EmbedAsk(key, _texts(texts, key), None, truncate, Shaping(not legacy, dims))
 
 
-def parse_rerank(body: dict, embedder) -> tuple[str, list[str], EmbedRequest, int, bool]:
+def parse_rerank(body: dict) -> tuple[EmbedAsk, int, bool]:
+    """(the query and documents, how many results, whether they carry their documents)."""
     check_fields(body, {"model", "query", "documents", "top_n", "return_documents", "truncate"}, "/v1/rerank")
     query = body.get("query")
-    if not isinstance(query, str) or not query:
+    if not isinstance(query, str) or not query.strip():
         raise APIError("'query' must be a non-empty string", param="query")
     docs = body.get("documents")
     if not isinstance(docs, list) or not docs:
@@ -129,39 +104,9 @@ def parse_rerank(body: dict, embedder) -> tuple[str, list[str], EmbedRequest, in
             raise APIError(f"'documents[{i}]' must be a string or an object with a 'text' string", param="documents")
         texts.append(text)
     top_n = number(body, "top_n", 1, 1 << 20, len(texts), integer=True)
-    truncate = flag(body, "truncate")
-    if embedder.ranks:
-        inputs = _fitted(embedder, None, [embedder.pair(query, t) for t in texts], truncate, "documents")
-    else:
-        inputs = _fitted(embedder, [query], None, truncate, "query") + _fitted(embedder, texts, None, truncate,
-                                                                            "documents")
-    return query, texts, EmbedRequest(inputs, texts, Shaping(True, None)), top_n, flag(body, "return_documents")
-
-
-async def run(sched: EmbedScheduler, req: EmbedRequest) -> list:
-    """The raw vectors of a request's inputs, from the scheduler, without blocking the loop."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-
-    def finish(result) -> None:
-        def settle() -> None:
-            if not done.done():
-                done.set_result(result)
-
-        loop.call_soon_threadsafe(settle)
-
-    try:
-        job = sched.submit(req.inputs, finish)
-    except EmbedQueueFull as exc:
-        raise APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error") from exc
-    try:
-        result = await done
-    except asyncio.CancelledError:
-        job.cancel()
-        raise
-    if isinstance(result, BaseException):
-        raise APIError(f"embedding failed: {result}", 500, kind="server_error")
-    return result
+    ask = EmbedAsk("documents", _texts(texts, "documents"), None, flag(body, "truncate"), Shaping(True, None),
+                   query=query)
+    return ask, top_n, flag(body, "return_documents")
 
 
 def openai_answer(model: str, req: EmbedRequest, vectors: list) -> dict[str, Any]:
@@ -185,11 +130,11 @@ def ollama_answer(model: str, req: EmbedRequest, vectors: list, legacy: bool, st
             "load_duration": int(load_ms * 1e6), "prompt_eval_count": sum(len(t) for t in req.inputs)}
 
 
-def rerank_answer(model: str, embedder, texts: list[str], req: EmbedRequest, vectors: list, top_n: int,
+def rerank_answer(model: str, ranks: bool, texts: list[str], req: EmbedRequest, vectors: list, top_n: int,
                   with_docs: bool) -> dict[str, Any]:
     """Results best first: a reranker's score through the logistic function, or with an
     embedding model the cosine of query and document (`scoring` says which)."""
-    if embedder.ranks:
+    if ranks:
         scores = [relevance(float(v[0])) for v in vectors]
     else:
         q = vectors[0]
@@ -198,5 +143,5 @@ def rerank_answer(model: str, embedder, texts: list[str], req: EmbedRequest, vec
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": texts[i]}} if with_docs else {})}
                for i in order]
     n = sum(len(t) for t in req.inputs)
-    return {"object": "list", "model": model, "scoring": "cross-encoder" if embedder.ranks else "cosine",
+    return {"object": "list", "model": model, "scoring": "cross-encoder" if ranks else "cosine",
             "results": results, "usage": {"prompt_tokens": n, "total_tokens": n}}

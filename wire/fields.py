@@ -14,27 +14,12 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from tallow.common.errors import TallowError
+from tallow.common.errors import APIError, TallowError
 from tallow.common.fields import BY_NAME, IN_CONTENT, SHAPED, SURFACES, Field, FieldError, on_surface
 from tallow.runtime.grammar import Schema
 from tallow.runtime.media import MARKER
 from tallow.runtime.tools.choice import Tool, ToolChoice
 from tallow.runtime.types import Sampling
-
-
-class APIError(TallowError):
-    """A request the API refuses; `status` is the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", extra: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-        self.extra = extra or {}  # more fields of the error object (llama.cpp's n_prompt_tokens, n_ctx)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code,
-                          **self.extra}}
-
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -119,7 +104,7 @@ def flag(body: dict, name: str) -> bool:
 def draft_field(body: dict) -> str | None:
     """tallow's extension `draft`: "lookup" (drafts from the prompt and the answer so far), or
     the name of the draft model this model was served with; which names are loaded, the
-    runner knows (to_request)."""
+    engine knows (runtime/intake.draft_method)."""
     value = body.get("draft")
     if value is not None and (not isinstance(value, str) or not value):
         raise APIError("'draft' must be \"lookup\" or the name of this model's draft model", param="draft")

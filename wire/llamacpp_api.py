@@ -14,6 +14,7 @@ import json
 import time
 from typing import Any
 
+from tallow.runtime.intake import Parsed
 from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.wire.fields import (
     APIError,
@@ -27,7 +28,7 @@ from tallow.wire.fields import (
     stops,
 )
 from tallow.wire.openai_api import parse_completion
-from tallow.wire.request import Limits, Parsed, llama_timings
+from tallow.wire.request import Limits, llama_timings
 
 # The request fields (the field table's names on this API), read from the body itself.
 TABLE = field_names("llamacpp") | body_names("llamacpp")
@@ -84,8 +85,22 @@ def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> P
     parsed.extra = {"native": True, "n_probs": probs, "return_tokens": flag(body, "return_tokens"),
                     "timings_per_token": flag(body, "timings_per_token"), "return_progress": flag(body, "return_progress"),
                     "bias_text": texts, "response_fields": _response_fields(body.get("response_fields")),
-                    "raw": bool(media), "shown": mixed if isinstance(mixed, str) else None}
+                    "raw": bool(media), "shown": mixed if isinstance(mixed, str) else None,
+                    "infill": _infill(body) if route == "/infill" else None}
     return parsed
+
+
+def _infill(body: dict[str, Any]) -> tuple[str, str]:
+    """/infill's text before and after the gap (input_prefix, input_suffix)."""
+    if body.get("input_extra"):
+        raise APIError("'input_extra' (other files as context) is not implemented by tallow", param="input_extra")
+    out = []
+    for name in ("input_prefix", "input_suffix"):
+        value = body.get(name, "")
+        if not isinstance(value, str):
+            raise APIError(f"'{name}' must be text", param=name)
+        out.append(value)
+    return out[0], out[1]
 
 
 # fields only OpenAI's completions have: a body that names one is OpenAI's (bare /completions)
@@ -228,50 +243,6 @@ def _bias(value: Any) -> tuple[dict[str, float], tuple[tuple[str, float], ...]]:
         else:
             ids[str(pair[0])] = bias
     return ids, tuple(texts)
-
-
-def text_bias(engine, parsed: Parsed) -> None:
-    """The logit_bias entries keyed by text, tokenized: every token of the text gets the bias
-    (-100: banned), as llama.cpp's server does."""
-    extra = []
-    for text, bias in parsed.extra.get("bias_text") or ():
-        for token in engine.model.tokenize(text, add_special=False, parse_special=False):
-            extra.append((token, float("-inf") if bias <= -100 else bias))
-    if extra:
-        parsed.logit_bias = (*parsed.logit_bias, *extra)
-
-
-def tokens_of(engine, prompt: str | list[Any]) -> list[int]:
-    """A mixed prompt's tokens: text pieces tokenized (the first with BOS), ids as they are."""
-    if isinstance(prompt, str):
-        return engine.model.tokenize(prompt, add_special=True, parse_special=False)
-    out: list[int] = []
-    for i, part in enumerate(prompt):
-        out += engine.model.tokenize(part, add_special=i == 0, parse_special=False) if isinstance(part, str) else [part]
-    vocab = engine.model.n_vocab
-    if not all(0 <= t < vocab for t in out):
-        raise APIError(f"'prompt' has a token id outside the vocabulary (0 to {vocab - 1})", param="prompt")
-    return out
-
-
-def infill_tokens(engine, body: dict[str, Any], prompt: str | list[Any]) -> list[int]:
-    """llama.cpp's fill-in-the-middle prompt: prefix token, input_prefix, suffix token,
-    input_suffix, middle token, then `prompt` (text the middle already starts with)."""
-    fim = engine.model.fim_tokens()
-    if fim is None:
-        raise APIError("this model has no fill-in-the-middle tokens: /infill needs a code model that has them",
-                       param="input_prefix")
-    if body.get("input_extra"):
-        raise APIError("'input_extra' (other files as context) is not implemented by tallow", param="input_extra")
-    parts = []
-    for name in ("input_prefix", "input_suffix"):
-        value = body.get(name, "")
-        if not isinstance(value, str):
-            raise APIError(f"'{name}' must be text", param=name)
-        parts.append(engine.model.tokenize(value, add_special=False, parse_special=False) if value else [])
-    start = tokens_of(engine, prompt)[1:] if prompt and engine.model.add_bos else tokens_of(engine, prompt) if prompt else []
-    head = [engine.model.bos] if engine.model.add_bos else []
-    return [*head, fim[0], *parts[0], fim[1], *parts[1], fim[2], *start]
 
 
 class NativeAdapter:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tallow.runtime.grammar import Schema
+from tallow.runtime.intake import Parsed
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
@@ -34,7 +35,7 @@ from tallow.wire.fields import (
     tool_list,
 )
 from tallow.wire.media_parts import ollama_images
-from tallow.wire.request import Limits, Parsed, generation
+from tallow.wire.request import Limits, generation
 
 # the field table's shaped fields (images go in a message on /api/chat), and this API's own
 CHAT_FIELDS = body_names("ollama") - {"images"} | {"model", "messages", "options", "stream", "keep_alive"}

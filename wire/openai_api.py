@@ -13,8 +13,9 @@ from typing import Any
 
 from tallow.runtime.answer import Outcome
 from tallow.runtime.grammar import Schema
+from tallow.runtime.intake import Parsed
 from tallow.runtime.logprobs import token_logprob
-from tallow.runtime.types import FinalEvent, Request, TokenEvent
+from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.wire.fields import (
     APIError,
     body_names,
@@ -38,7 +39,7 @@ from tallow.wire.fields import (
 from tallow.wire.legacy_functions import delta as legacy_delta
 from tallow.wire.legacy_functions import modernize, whole_message
 from tallow.wire.media_parts import Fetch, openai_part, reader
-from tallow.wire.request import Limits, Parsed, generation, llama_timings, template_kwargs
+from tallow.wire.request import Limits, generation, llama_timings, template_kwargs
 
 # the field table's names (valued and shaped), and this API's own
 SHARED_FIELDS = field_names("openai") | body_names("openai") - body_names("openai", "tools") | {
@@ -226,57 +227,6 @@ def parse_completion(body: dict, limits: Limits) -> Parsed:
                        "compute: leave one out", param="echo")
     return Parsed(messages=None, prompt=prompt, logprobs=logprobs, **_common(body, limits),
                   extra={"echo": True} if echo else {})
-
-
-def to_request(engine, parsed: Parsed) -> Request:
-    """The engine request for a checked one: tokens through the chat template (or plain text
-    for a completion), and the grammar for its response format. The leading system messages
-    are a prefix worth keeping in the disk prompt cache (the prompt that many requests share)."""
-    from tallow.common.errors import TallowError
-    from tallow.runtime.grammar import grammar_for
-    from tallow.runtime.media import MediaError
-
-    try:
-        grammar = parsed.grammar or grammar_for(parsed.json_format, parsed.schema)
-    except TallowError as exc:
-        raise APIError(exc.message, param="response_format") from exc
-    kwargs = {**parsed.request_kwargs(), "draft": _draft_method(engine, parsed.draft)}
-    if parsed.prediction:
-        kwargs["prediction"] = tuple(engine.model.tokenize(parsed.prediction, add_special=False, parse_special=False))
-    if parsed.messages is not None:
-        head = 0
-        while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
-            head += 1
-        prefixes = [parsed.messages[:head]] if head else []
-        try:
-            return engine.request(parsed.messages, grammar=grammar, cache_prefixes=prefixes, tools=parsed.tools,
-                                  raw=bool(parsed.extra.get("raw")), **kwargs)
-        except MediaError as exc:  # images for a model without a projector
-            raise APIError(exc.message, param="messages") from exc
-    if isinstance(parsed.prompt, list):
-        vocab = engine.model.n_vocab
-        if not all(0 <= t < vocab for t in parsed.prompt):
-            raise APIError(f"'prompt' has a token id outside the vocabulary (0 to {vocab - 1})", param="prompt")
-        tokens = list(parsed.prompt)
-    else:
-        tokens = engine.model.tokenize(parsed.prompt, add_special=True, parse_special=False)
-    return Request(tokens, grammar=grammar, **kwargs)
-
-
-def _draft_method(engine, draft: str | None) -> str | None:
-    """A request's `draft` as the engine's method: "lookup", or "model" where it names the
-    draft model this engine loaded."""
-    if draft in (None, "lookup"):
-        return draft
-    loaded = engine.drafts.name if engine.drafts is not None else None
-    if loaded is None:
-        raise APIError(f"'draft': this model was not served with a draft model, so it cannot draft with {draft!r} "
-                       "(serve --draft MODEL, or --model-option 'NAME draft=MODEL'); \"lookup\" needs none",
-                       param="draft")
-    if draft not in (loaded, loaded.removesuffix(":latest")):
-        raise APIError(f"'draft': this model drafts with {loaded}, not {draft!r} (a served model holds one draft model)",
-                       param="draft")
-    return "model"
 
 
 # -- responses -----------------------------------------------------------------------------

@@ -1,14 +1,13 @@
-"""The request every API route shares: the server's limits a request is checked against
-(`Limits`), and a checked request (`Parsed`), which each API's parser builds from its own
-fields and `to_request` (wire/openai_api.py) turns into the engine's Request."""
+"""What every API route shares: the server's limits a request is checked against (`Limits`),
+and the pieces of a body several APIs have (how a chat's prompt ends, template variables,
+llama.cpp's timings). Each API's parser builds a checked request (runtime/intake.Parsed),
+which runtime/intake.to_request turns into the engine's Request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from tallow.runtime.grammar import Schema
-from tallow.runtime.tools.choice import ToolChoice
 from tallow.runtime.types import Sampling, Timings
 from tallow.wire.fields import APIError
 
@@ -42,44 +41,6 @@ class Limits:
             shown = model if isinstance(model, str) else type(model).__name__
             raise APIError(f"the model '{shown}' is not served here; this server runs '{self.model}'"
                            " (start it with --alias NAME to answer to another name)", 404, "model", "model_not_found")
-
-
-@dataclass
-class Parsed:
-    """A checked request: what the engine needs, plus how to shape the answer."""
-
-    messages: list[dict[str, Any]] | None  # chat
-    prompt: str | list[Any] | None  # text completion: text, or token ids (llama.cpp's /completion: or both mixed)
-    max_tokens: int
-    stop: tuple[str, ...]
-    sampling: Sampling
-    stream: bool
-    include_usage: bool
-    logprobs: int | None
-    json_format: bool
-    schema: Schema | None
-    ignore_eos: bool = False  # llama.cpp's extension: never end early (benchmarks)
-    draft: str | None = None  # tallow's extension: "lookup" drafts (speculative decoding)
-    save_prompt: bool = False  # tallow's extension: keep the whole prompt in the disk prompt cache
-    reuse_cache: bool = True  # llama.cpp's cache_prompt: false evaluates the whole prompt anew
-    tools: ToolChoice | None = None
-    grammar: str | None = None  # llama.cpp's extension: GBNF constraining the answer
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)  # what one API keeps for shaping its answer
-    n: int = 1  # OpenAI's n: answers from one prompt (the runner forks the sequence after prefill)
-    lora: tuple[float, ...] | None = None  # llama-server's `lora`: each adapter's scale by id (None: the defaults)
-    reasoning_budget: int | None = None  # tokens the reasoning may take (runtime/sequence.py); None: no cap
-    prediction: str | None = None  # OpenAI's Predicted Outputs: the text the answer is expected to be close to
-    generation: str = "new"  # "continue": the last (assistant) message is a prefill; "none": no generation prompt
-    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs: more names the chat template reads
-
-    def request_kwargs(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
-                "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
-                "reuse_cache": self.reuse_cache,
-                "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget,
-                **({"generation": self.generation, "template_kwargs": self.template_kwargs}
-                   if self.messages is not None else {})}
 
 
 def generation(messages: list[dict[str, Any]], continue_final: Any = None, add_prompt: Any = None) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from tallow.runtime.answer import Outcome
 from tallow.runtime.grammar import Schema
+from tallow.runtime.intake import Parsed
 from tallow.runtime.types import FinalEvent
 from tallow.wire.fields import (
     APIError,
@@ -35,7 +36,7 @@ from tallow.wire.fields import (
     tool_list,
 )
 from tallow.wire.media_parts import Fetch, openai_part, reader
-from tallow.wire.request import Limits, Parsed
+from tallow.wire.request import Limits
 
 FIELDS = field_names("responses") | body_names("responses") | {
     "model", "input", "instructions", "stream", "store", "previous_response_id", "include", "truncation",

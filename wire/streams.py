@@ -9,11 +9,11 @@ import json
 from typing import Any
 
 from tallow.runtime.answer import Answer, Outcome
+from tallow.runtime.intake import Parsed
 from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.scheduling.forks import merged
 from tallow.runtime.types import FinalEvent, TokenEvent
 from tallow.wire import anthropic_api, ollama_api, openai_api, responses_api
-from tallow.wire.request import Parsed
 
 
 def _data(obj: dict[str, Any]) -> str:

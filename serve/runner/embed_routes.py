@@ -5,6 +5,7 @@ on the same weights, opened on the first such request (`embed_routes` with a fac
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any, Callable
@@ -16,7 +17,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tallow.common.errors import TallowError
-from tallow.runtime.embedding.embed_scheduler import EmbedScheduler
+from tallow.runtime.embedding.embed_scheduler import EmbedQueueFull, EmbedScheduler
+from tallow.runtime.embedding.intake import EmbedRequest, embed_request
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
@@ -56,8 +58,8 @@ class EmbedRoutes:
         if sched.embedder.ranks:
             raise APIError(f"'{self.cfg.model}' is a reranker: it scores query-document pairs; use /v1/rerank",
                            param="model")
-        req = await run_in_threadpool(embed_api.parse_openai, body, sched.embedder)
-        vectors = await embed_api.run(sched, req)
+        req = await run_in_threadpool(embed_request, sched.embedder, embed_api.parse_openai(body))
+        vectors = await embedded(sched, req)
         self.metered(request, req, started_at)
         return JSONResponse(embed_api.openai_answer(self.cfg.model, req, vectors))
 
@@ -67,8 +69,8 @@ class EmbedRoutes:
         legacy = request.url.path == "/api/embeddings"
         if sched.embedder.ranks:
             raise APIError(f"'{self.cfg.model}' is a reranker: it makes no embeddings", param="model")
-        req = await run_in_threadpool(embed_api.parse_ollama, body, sched.embedder, legacy)
-        vectors = await embed_api.run(sched, req)
+        req = await run_in_threadpool(embed_request, sched.embedder, embed_api.parse_ollama(body, legacy))
+        vectors = await embedded(sched, req)
         self.metered(request, req, started_at)
         load_ms = float(request.headers.get("x-tallow-load-ms") or 0)
         return JSONResponse(embed_api.ollama_answer(self.cfg.model, req, vectors, legacy, started_at, load_ms))
@@ -76,11 +78,39 @@ class EmbedRoutes:
     async def rerank(self, request: HTTPRequest) -> Response:
         started_at = time.perf_counter()
         body, sched = await self.body_of(request)
-        _, texts, req, top_n, with_docs = await run_in_threadpool(embed_api.parse_rerank, body, sched.embedder)
-        vectors = await embed_api.run(sched, req)
+        ask, top_n, with_docs = embed_api.parse_rerank(body)
+        req = await run_in_threadpool(embed_request, sched.embedder, ask)
+        vectors = await embedded(sched, req)
         self.metered(request, req, started_at)
-        answer = embed_api.rerank_answer(self.cfg.model, sched.embedder, texts, req, vectors, top_n, with_docs)
+        answer = embed_api.rerank_answer(self.cfg.model, sched.embedder.ranks, ask.texts or [], req, vectors, top_n,
+                                         with_docs)
         return JSONResponse(answer)
+
+
+async def embedded(sched: EmbedScheduler, req: EmbedRequest) -> list:
+    """The raw vectors of a request's inputs, from the scheduler, without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def finish(result) -> None:
+        def settle() -> None:
+            if not done.done():
+                done.set_result(result)
+
+        loop.call_soon_threadsafe(settle)
+
+    try:
+        job = sched.submit(req.inputs, finish)
+    except EmbedQueueFull as exc:
+        raise APIError(f"the server is busy: {exc.message}", 503, code="server_busy", kind="server_error") from exc
+    try:
+        result = await done
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+    if isinstance(result, BaseException):
+        raise APIError(f"embedding failed: {result}", 500, kind="server_error")
+    return result
 
 
 class SideScheduler:

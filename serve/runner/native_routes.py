@@ -14,6 +14,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
 from tallow.common.errors import TallowError
+from tallow.runtime import intake
 from tallow.wire import llamacpp_api
 from tallow.wire.fields import APIError, check_fields, flag
 from tallow.wire.openai_api import chat_messages
@@ -49,14 +50,15 @@ class NativeRoutes:
         app = self.app
         parsed = llamacpp_api.parse(body, app.limits, path)
         engine, prompt = app.engine, parsed.prompt or ""
-        llamacpp_api.text_bias(engine, parsed)
+        intake.text_bias(engine, parsed)
         if parsed.messages is not None:  # a prompt with images: tokenized with them (Engine.request, raw)
             shown = parsed.extra["shown"] or ""
         else:
             if path == "/infill":
-                tokens = await run_in_threadpool(llamacpp_api.infill_tokens, engine, body, prompt)
+                prefix, suffix = parsed.extra["infill"]
+                tokens = await run_in_threadpool(intake.infill_tokens, engine, prefix, suffix, prompt)
             else:
-                tokens = await run_in_threadpool(llamacpp_api.tokens_of, engine, prompt)
+                tokens = await run_in_threadpool(intake.tokens_of, engine, prompt)
             shown = prompt if isinstance(prompt, str) else engine.model.detokenize(tokens).decode("utf-8", "replace")
             parsed.prompt = tokens
         adapter = llamacpp_api.NativeAdapter(parsed, app.cfg.model, engine.model.piece, shown, index)

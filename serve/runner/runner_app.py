@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from tallow.common.errors import TallowError
 from tallow.runtime.errors import ContextOverflow
+from tallow.runtime.intake import to_request
 from tallow.runtime.scheduling.forks import merged, submit_forks
 from tallow.runtime.scheduling.handle import Failure, QueueFull
 from tallow.runtime.scheduling.scheduler import Scheduler
@@ -41,7 +42,7 @@ from tallow.serve.runner.native_routes import NativeRoutes
 from tallow.serve.runner.pump import EventPump
 from tallow.wire import anthropic_api, ollama_api, responses_api
 from tallow.wire.fields import APIError, lora_scales, parse_json
-from tallow.wire.openai_api import parse_chat, parse_completion, to_request
+from tallow.wire.openai_api import parse_chat, parse_completion
 from tallow.wire.request import Limits
 from tallow.wire.streams import MessagesAdapter, OllamaAdapter, ResponsesAdapter, choice_adapters, choices_of
 

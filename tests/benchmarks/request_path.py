@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 CHILD = r"""
 import json, sys, time
 from tallow.wire.fields import parse_json
-from tallow.wire.openai_api import parse_chat, to_request
+from tallow.runtime.intake import to_request
+from tallow.wire.openai_api import parse_chat
 from tallow.wire.request import Limits
 from tallow.runtime.engine import Engine
 from tallow.runtime.types import LoadSettings
