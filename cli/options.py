@@ -47,6 +47,7 @@ def finite(value: float | None) -> float | None:
 # the request fields' flags: their names, ranges and help from the field table (common/fields.py)
 MaxTokens = option("max_tokens")
 Stop = option("stop")
+ServeSeed = option("seed", "Seed for requests that give none [default: a fresh one each].")
 Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
 Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the model hear this WAV file (repeatable; '-' reads it from stdin); needs a projector with an audio encoder.", show_default=False)]
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]

@@ -87,7 +87,11 @@ def render_parameters() -> str:
     lines += [f"| `{f.name}` | {f.shape} | {f.help} |" for f in SHAPED]
     absent = [f"- `{f.name}` has no {COLUMNS[s]} name: {why}." for f in (*FIELDS, *SHAPED)
               for s, why in f.absent.items()]
-    return "\n".join([*lines, "", *absent, "", PARAM_END])
+    cleared = [f"- `{f.name}` takes its default when given as " + ", ".join(
+        [*(f"`{n}` " + " or ".join(map(str, vs)) for n, vs in f.unset.items()),
+         *(f"`{f.names[s][0]}` " + " or ".join(words) + f" ({COLUMNS[s]})" for s, words in f.off.items())]) + "."
+        for f in FIELDS if f.unset or f.off]
+    return "\n".join([*lines, "", *absent, *cleared, "", PARAM_END])
 
 
 def section(readme: str, begin: str = BEGIN, end: str = END) -> str:

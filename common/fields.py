@@ -45,11 +45,12 @@ class Field:
     generated methods would cost each command's start-up for nothing)."""
 
     __slots__ = ("name", "kind", "low", "high", "default", "help", "names", "absent", "many", "sampling", "unset",
-                 "shape")
+                 "shape", "off")
 
     def __init__(self, name: str, kind: type, low: float | None, high: float | None, default: Any, help: str,
                  names: dict[str, tuple[str, ...]], absent: dict[str, str], many: bool = False,
-                 sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None, shape: str = "") -> None:
+                 sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None, shape: str = "",
+                 off: dict[str, tuple[str, ...]] | None = None) -> None:
         self.name = name  # the internal name: runtime.types.Sampling's field, or the request's
         self.kind = kind  # float, int or str; object for a shaped field (below)
         # A shaped field (`shape` says what its value is: a schema, tools, a map of biases) is
@@ -60,7 +61,8 @@ class Field:
         self.names, self.absent = names, absent
         self.many = many  # repeatable: the values form a list (stop)
         self.sampling = sampling  # a field of runtime.types.Sampling
-        self.unset = unset or {}  # a name -> its values that mean "not set"
+        self.unset = unset or {}  # a body field's name -> its values that mean "not set"
+        self.off = off or {}  # a text surface (/set) -> the words that clear the value given before
 
     def __repr__(self) -> str:
         return f"Field({self.name!r})"
@@ -122,7 +124,8 @@ ALL = tuple(SURFACES)
 
 def _row(name: str, kind: type, low: float | None, high: float | None, default: Any, help: str,
          *, rename: dict[str, tuple[str, ...] | str] | None = None, absent: dict[str, str] | None = None,
-         many: bool = False, sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None) -> Field:
+         many: bool = False, sampling: bool = True, unset: dict[str, tuple[int, ...]] | None = None,
+         off: dict[str, tuple[str, ...]] | None = None) -> Field:
     """A field named `name` on every surface (`--name-with-dashes` as a flag), except where
     `rename` names it otherwise and `absent` says why it is not there."""
     absent = absent or {}
@@ -134,7 +137,7 @@ def _row(name: str, kind: type, low: float | None, high: float | None, default: 
         if given is None:
             given = "--" + name.replace("_", "-") if surface == "cli" else name
         names[surface] = (given,) if isinstance(given, str) else tuple(given)
-    return Field(name, kind, low, high, default, help, names, absent, many, sampling, unset or {})
+    return Field(name, kind, low, high, default, help, names, absent, many, sampling, unset or {}, off=off)
 
 
 NO_STOP_SET = "chat's /set takes one value a setting; give stop strings with --stop when the chat starts"
@@ -165,7 +168,7 @@ FIELDS: tuple[Field, ...] = (
                  "ollama": "num_predict", "llamacpp": "n_predict", "modelfile": "num_predict",
                  "cli": ("--max-tokens", "-n")},
          # llama.cpp's and Ollama's "no limit of the request's own" (Ollama's -2: fill the context)
-         unset={"n_predict": (-1,), "num_predict": (-1, -2)}),
+         unset={"n_predict": (-1,), "num_predict": (-1, -2)}, off={"set": ("off", "0", "-1")}),
     _row("stop", str, None, None, (), "Stop where this text appears (repeatable); it is not part of the answer.",
          sampling=False, many=True, rename={"anthropic": "stop_sequences"}, absent={"set": NO_STOP_SET}),
 )

@@ -189,11 +189,8 @@ class Conversation:
                                  f"{name} needs a number or 'off', not {value!r}") from None
             return
         f = FIELD_SETTINGS[name]
-        if f.name == "max_tokens" and value.strip() in ("0", "-1", "off"):  # no limit of the chat's own
-            self.settings.max_tokens = None
-            return
-        parsed = f.check(value, name, text=True)  # FieldError is a ValueError naming the setting
-        if f.name == "max_tokens":
+        parsed: Any = None if value.strip() in f.off.get("set", ()) else f.check(value, name, text=True)
+        if f.name == "max_tokens":  # the chat's own limit (None: none)
             self.settings.max_tokens = parsed
         else:
             self.settings.sampling = replace(self.settings.sampling, **{f.name: parsed})

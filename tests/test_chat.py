@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.synth import write_synthetic_gguf
 
+from tallow.common.fields import BY_NAME
 from tallow.runtime.chat import ChatSettings, Conversation
 from tallow.runtime.engine import Engine
 from tallow.runtime.errors import ContextOverflow
@@ -104,6 +105,13 @@ def test_set_save_and_load(ok_engine, tmp_path):
     conv.set("temperature", "0.5")
     conv.set("max-tokens", "7")
     assert conv.settings.sampling.temperature == 0.5 and conv.settings.max_tokens == 7
+    for word in BY_NAME["max_tokens"].off["set"]:  # the row's words for "no limit of the chat's own"
+        conv.set("max_tokens", "7")
+        conv.set("max_tokens", word)
+        assert conv.settings.max_tokens is None
+    with pytest.raises(ValueError, match="temperature wants a number, not 'off'"):
+        conv.set("temperature", "off")
+    conv.set("max-tokens", "7")
     with pytest.raises(ValueError, match="unknown setting"):
         conv.set("nonsense", "1")
     with pytest.raises(ValueError, match="top_k wants a whole number"):

@@ -75,7 +75,7 @@ class RequestFlags(FlagGroup):
     default_max_tokens: Annotated[Optional[int], typer.Option("--default-max-tokens", min=1, help="max_tokens for requests that give none (default: the --max-tokens clamp).", show_default=False)] = None
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Requests that may wait for a slot, per model; more get 503.")] = DEFAULT.max_queue
     timeout: Annotated[Optional[float], typer.Option("--timeout", callback=o.finite, min=0.01, help="Seconds a request may take (finish_reason 'time_limit').")] = DEFAULT.timeout
-    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed for requests that give none (default: a fresh one each).", show_default=False)] = None
+    seed: o.ServeSeed = None
     reasoning_budget: o.ReasoningBudget = None
     tool_format: o.ToolFormat = "auto"
     deterministic: o.Deterministic = False
