@@ -213,7 +213,7 @@ SHAPED: tuple[Field, ...] = (
              "api": "token ids are the model's own: the HTTP APIs take them, tallow.api does not yet"}),
     _shaped("logprobs", "how many likeliest alternatives (0 to 20)", "Report each token's log-probability and its "
             "N likeliest alternatives.",
-            {"openai": ("logprobs", "top_logprobs"), "ollama": ("logprobs", "top_logprobs"), "llamacpp": "n_probs",
+            {"openai": ("logprobs", "top_logprobs"), "ollama": ("logprobs", "top_logprobs"), "llamacpp": ("n_probs", "post_sampling_probs"),
              "cli": "--logprobs", "set": "logprobs", "api": "logprobs"},
             {"responses": "Responses gives them with include: message.output_text.logprobs, which tallow does not "
              "make yet", "anthropic": "the Messages API has no log-probabilities", "modelfile": PRESET}),

@@ -94,7 +94,8 @@ def rss_bytes() -> int:
 
 def run_test(engine, test: BenchTest, reps: int, on_rep: Callable[[int], None] | None = None) -> BenchResult:
     """Time `reps` repetitions of one test (after an untimed warm-up)."""
-    from tallow.runtime.backend import Sampler, SamplerParams
+    from tallow.runtime.backend.sampler import Sampler
+    from tallow.runtime.types import SamplerParams
 
     rng = random.Random(42)
     vocab = engine.model.n_vocab

@@ -385,12 +385,12 @@ class Engine:
         run.timings.media_ms += (time.perf_counter() - started) * 1000
         return self.projector.decode(self.ctx, span.chunk, embd, self.sequence.next_pos, _SEQ)
 
-    def sampler_for(self, request: Request, forced=None):
+    def sampler_for(self, request: Request, forced=None, kept: dict | None = None):
         """The request's sampler (runtime/sampling.py; the caller closes it)."""
-        return make_sampler(self.model, request, forced)
+        return make_sampler(self.model, request, forced, kept)
 
     def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent]:
-        sampler = self.sampler_for(run.request, run.forced_token)
+        sampler = self.sampler_for(run.request, run.forced_token, run.kept)
         try:
             self._prefill(run, prompt, sampler)
             run.decoding()

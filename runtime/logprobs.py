@@ -24,6 +24,14 @@ def with_logprobs(event: TokenEvent, logits, top: int) -> TokenEvent:
     return replace(event, logprob=float(z[event.token] - logz), top_logprobs=best)
 
 
+def with_post_probs(event: TokenEvent, kept) -> TokenEvent:
+    """The event with its token's probability after the sampler chain and the chain's likeliest
+    candidates, as its sampler recorded them (runtime/backend/sampler.py). A token forced in
+    place of sampling (a spent reasoning budget's closing marker) had no other candidate."""
+    prob, top = kept if kept is not None else (1.0, ((event.token, 1.0),))
+    return replace(event, prob=prob, top_probs=top)
+
+
 def token_logprob(ev: TokenEvent, piece) -> dict[str, Any]:
     """One entry of a chat `logprobs.content` list; `piece(token)` gives the token's bytes."""
     def entry(token: int, lp: float | None) -> dict[str, Any]:

@@ -13,10 +13,12 @@ from tallow.runtime.types import Request
 Forced = Callable[[], "int | None"]  # the next token the answer must take, if any (OutputStream.forced_token)
 
 
-def make_sampler(model, request: Request, forced: Forced | None = None):
+def make_sampler(model, request: Request, forced: Forced | None = None, kept: dict | None = None):
     """The sampler for `request` (the caller closes it); `forced`: tokens that go in place of
-    sampling when it gives one (a spent reasoning budget's closing marker)."""
-    from tallow.runtime.backend import Sampler, SamplerParams
+    sampling when it gives one (a spent reasoning budget's closing marker); `kept`: where its
+    chains record post-sampling probabilities by logit row, when the request asks for them."""
+    from tallow.runtime.backend.sampler import Sampler
+    from tallow.runtime.types import SamplerParams
 
     s = request.sampling
     banned = model.eog_tokens() if request.ignore_eos else ()
@@ -26,7 +28,8 @@ def make_sampler(model, request: Request, forced: Forced | None = None):
         return Sampler(model, SamplerParams(s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty,
                                             s.repeat_last_n, seed, banned, grammar,
                                             s.frequency_penalty, s.presence_penalty, request.logit_bias,
-                                            s.typical_p, (s.mirostat, s.mirostat_tau, s.mirostat_eta)))
+                                            s.typical_p, (s.mirostat, s.mirostat_tau, s.mirostat_eta),
+                                            keep_probs=(request.logprobs or 0) if request.post_probs else 0), kept)
 
     if request.lazy_grammar is not None:
         from tallow.runtime.tools.sampler import TriggeredSampler

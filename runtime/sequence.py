@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tallow.runtime.drafting.speculative import LookupDrafter, verify
-from tallow.runtime.logprobs import with_logprobs
+from tallow.runtime.logprobs import with_logprobs, with_post_probs
 from tallow.runtime.media.spans import Span, snap, text_only
 from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
 from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
@@ -193,6 +193,7 @@ class OutputStream:
     def __init__(self, request: Request, model, timings: Timings | None = None) -> None:
         self.request = request
         self.model = model
+        self.kept: dict[int, tuple] = {}  # post-sampling probabilities by logit row (runtime/backend/sampler.py)
         self.timings = timings if timings is not None else Timings()
         self.usage = Usage(prompt_tokens=len(request.prompt_tokens))
         self.started = time.perf_counter()
@@ -273,7 +274,9 @@ class OutputStream:
             self.usage.accepted_tokens += n <= guesses
             event, done = self.take(token)
             if event is not None:
-                if top is not None:  # before the next decode replaces the logits
+                if top is not None and self.request.post_probs:
+                    event = with_post_probs(event, self.kept.pop(row, None))
+                elif top is not None:  # before the next decode replaces the logits
                     event = with_logprobs(event, ctx.logit_row(row, self.model.n_vocab), top)
                 events.append(event)
             if done:

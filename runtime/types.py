@@ -128,6 +128,7 @@ class Request:
     prediction: tuple[int, ...] = ()  # the answer the client expects (OpenAI's Predicted Outputs): lookup drafts from it
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar/__init__.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
+    post_probs: bool = False  # with logprobs: probabilities after the sampler chain instead (llama.cpp's)
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
     media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
@@ -221,6 +222,8 @@ class TokenEvent:
     reasoning: str = ""  # reasoning text this token produced (never part of `text`)
     logprob: float | None = None  # the model's log-probability of the token (when asked for)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely tokens at this step
+    prob: float | None = None  # with post_probs: the token's probability after the sampler chain
+    top_probs: tuple[tuple[int, float], ...] = ()  # with post_probs: the chain's likeliest candidates
     prompt: tuple[int, int] | None = None  # on the first token only: (prompt tokens, of which reused from a cache)
 
 
@@ -255,7 +258,7 @@ class NoticeEvent:
     message: str
 
 
-# The parameters of runtime/backend.py's Context and Sampler: plain data, kept here so the
+# The parameters of runtime/backend/'s Context and Sampler: plain data, kept here so the
 # backend holds only what touches llama.cpp.
 @dataclass(frozen=True)
 class ContextParams:
@@ -289,6 +292,7 @@ class SamplerParams:
     bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), before the other samplers
     typical_p: float = 1.0
     mirostat: tuple[int, float, float] = (0, 5.0, 0.1)  # version (0: off), tau, eta
+    keep_probs: int = 0  # record this many candidates' post-sampling probabilities per step (0: none)
 
 
 @dataclass(frozen=True)

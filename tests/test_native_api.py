@@ -8,6 +8,7 @@ two give the same text."""
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 
@@ -73,6 +74,32 @@ def test_completion_streamed_token_and_mixed_prompts(server):
     mixed = [PROMPT[:-3], *tail["tokens"]]
     _, by_mixed = call(server, "/completion", {"prompt": mixed, "n_predict": 6, "temperature": 0})
     assert by_mixed["content"] == whole["content"]
+
+
+def test_post_sampling_probs_are_what_the_sampler_chain_left(server):
+    """llama.cpp's post_sampling_probs: `prob` and `top_probs` after the chain. Greedy cuts
+    nothing, so they are the model's probabilities (exp of the log-probabilities); top_k 2
+    leaves two candidates, whose probabilities sum to 1; a lookup draft reports every token."""
+    ask = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "n_probs": 3}
+    _, plain = call(server, "/completion", ask)
+    _, post = call(server, "/completion", {**ask, "post_sampling_probs": True})
+    assert post["content"] == plain["content"]
+    for lp, p in zip(plain["completion_probabilities"], post["completion_probabilities"], strict=True):
+        assert "logprob" not in p and p["id"] == lp["id"] == p["top_probs"][0]["id"]
+        assert p["prob"] == pytest.approx(math.exp(lp["logprob"]), abs=1e-4)
+        assert [t["id"] for t in p["top_probs"]] == [t["id"] for t in lp["top_logprobs"]]
+    _, cut = call(server, "/completion", {**ask, "post_sampling_probs": True, "temperature": 1.0, "top_k": 2,
+                                          "top_p": 1.0, "min_p": 0.0, "seed": 7, "stream": True})
+    probs = [p for c in cut[:-1] for p in c.get("completion_probabilities", [])]
+    assert len(probs) == 6
+    for p in probs:
+        assert len(p["top_probs"]) <= 2 and sum(t["prob"] for t in p["top_probs"]) == pytest.approx(1.0, abs=1e-5)
+        assert p["prob"] == next(t["prob"] for t in p["top_probs"] if t["id"] == p["id"])
+    _, drafted = call(server, "/completion", {**ask, "post_sampling_probs": True, "draft": "lookup",
+                                              "prompt": "the quick brown fox jumps over the lazy dog, " * 3, "n_predict": 24})
+    got = drafted["completion_probabilities"]
+    assert len(got) == drafted["tokens_predicted"] == 24 and all(0 < p["prob"] <= 1 for p in got)
+    assert drafted["timings"]["draft_n_accepted"] > 0  # tokens taken several to a step were reported
 
 
 def test_completion_grammar_schema_and_stop_word(server):

@@ -39,7 +39,7 @@ OWN = {"prompt", "slot_id", "return_tokens", "timings_per_token", "return_progre
 DEFAULTS: dict[str, Any] = {"dynatemp_range": 0, "dynatemp_exponent": 1, "dry_multiplier": 0, "dry_base": 1.75,
                             "dry_allowed_length": 2, "dry_penalty_last_n": -1, "dry_sequence_breakers": None,
                             "xtc_probability": 0, "xtc_threshold": 0.1, "n_keep": 0, "n_indent": 0, "min_keep": 0,
-                            "t_max_predict_ms": 0, "post_sampling_probs": False, "tfs_z": 1,
+                            "t_max_predict_ms": 0, "tfs_z": 1,
                             "penalize_nl": False, "n_discard": 0, "typical": None, "image_data": None,
                             "top_n_sigma": -1}
 INFILL = {"input_prefix", "input_suffix", "input_extra"}
@@ -80,6 +80,7 @@ def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> P
     parsed.stop = stops(body.get("stop"), default=limits.stop)
     parsed.sampling = sampling(body, limits.sampling, "llamacpp")
     parsed.prompt = mixed
+    parsed.post_probs = flag(body, "post_sampling_probs")
     if media:  # the prompt's text with its images, as a raw conversation of one message (no template)
         parsed.messages, parsed.prompt = [{"role": "user", "content": mixed, "media": media}], None
     parsed.extra = {"native": True, "n_probs": probs, "return_tokens": flag(body, "return_tokens"),
@@ -264,15 +265,21 @@ class NativeAdapter:
 
     def note(self, ev: TokenEvent) -> dict[str, Any] | None:
         self.ids.append(ev.token)
-        if not self.extra["n_probs"] or ev.logprob is None:
+        if not self.extra["n_probs"]:
             return None
-        entry = {**self._one(ev.token, ev.logprob), "top_logprobs": [self._one(t, lp) for t, lp in ev.top_logprobs]}
+        if ev.prob is not None:  # post_sampling_probs: probabilities after the sampler chain
+            entry = {**self._one(ev.token, "prob", ev.prob), "top_probs": [self._one(t, "prob", p) for t, p in ev.top_probs]}
+        elif ev.logprob is not None:
+            entry = {**self._one(ev.token, "logprob", ev.logprob),
+                     "top_logprobs": [self._one(t, "logprob", lp) for t, lp in ev.top_logprobs]}
+        else:
+            return None
         self.probs.append(entry)
         return entry
 
-    def _one(self, token: int, logprob: float) -> dict[str, Any]:
+    def _one(self, token: int, key: str, value: float) -> dict[str, Any]:
         raw = self.piece(token)
-        return {"id": token, "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+        return {"id": token, "token": raw.decode("utf-8", "replace"), key: value, "bytes": list(raw)}
 
     def tokens(self, ev: TokenEvent) -> list[str]:
         """The stream's line for a token (none while text is held back and no probabilities are
@@ -316,7 +323,7 @@ class NativeAdapter:
             "tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens or 0,
             "tokens_cached": (u.cached_tokens or 0), "prompt": self.prompt_text, "has_new_line": "\n" in final.text,
             "truncated": False, "stop_type": stop_type, "stopping_word": final.stop_sequence or "",
-            "generation_settings": self.settings(), "timings": llama_timings(t, u.cached_tokens),
+            "generation_settings": self.settings(), "timings": llama_timings(t, u),
             "tokens": self.ids if self.extra["return_tokens"] else [],  # llama-server always sends the key
         }
         if self.extra["n_probs"]:

@@ -57,7 +57,7 @@ MOST_CHOICES = 16
 
 def answer_timings(final: FinalEvent) -> dict[str, Any]:
     """tallow's timings, with llama.cpp's names beside them (prompt_per_second, cache_n, ...)."""
-    return {**final.timings.summary(), **llama_timings(final.timings, final.usage.cached_tokens)}  # n: answers from one prompt, each a fork of its cells
+    return {**final.timings.summary(), **llama_timings(final.timings, final.usage)}  # n: answers from one prompt, each a fork of its cells
 
 
 def _common(body: dict, limits: Limits) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tallow.runtime.types import Sampling, Timings
+from tallow.runtime.types import Sampling, Timings, Usage
 from tallow.wire.fields import APIError
 
 
@@ -81,15 +81,19 @@ def template_kwargs(value: Any) -> dict[str, Any] | None:
     return value
 
 
-def llama_timings(t: Timings, cached: int | None) -> dict[str, float]:
+def llama_timings(t: Timings, u: Usage) -> dict[str, float]:
     """llama.cpp's timings object, from tallow's own measurements: on /completion, and beside
-    tallow's own keys on the /v1 answers (the UIs made for llama-server show tokens/s from it)."""
+    tallow's own keys on the /v1 answers (the UIs made for llama-server show tokens/s from it);
+    with a draft, its proposed and accepted tokens under llama.cpp's names."""
     def per(n: int, ms: float) -> tuple[float, float]:
         return (round(ms / n, 3) if n else 0.0), (round(n / ms * 1000, 3) if ms > 0 else 0.0)
 
     prompt_per_token, prompt_per_second = per(t.prefill_tokens, t.prefill_ms)
     predicted_per_token, predicted_per_second = per(t.decode_tokens, t.decode_ms)
-    return {"cache_n": cached or 0, "prompt_n": t.prefill_tokens, "prompt_ms": round(t.prefill_ms, 3),
-            "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
-            "predicted_n": t.decode_tokens, "predicted_ms": round(t.decode_ms, 3),
-            "predicted_per_token_ms": predicted_per_token, "predicted_per_second": predicted_per_second}
+    out = {"cache_n": u.cached_tokens or 0, "prompt_n": t.prefill_tokens, "prompt_ms": round(t.prefill_ms, 3),
+           "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
+           "predicted_n": t.decode_tokens, "predicted_ms": round(t.decode_ms, 3),
+           "predicted_per_token_ms": predicted_per_token, "predicted_per_second": predicted_per_second}
+    if u.draft_tokens:
+        out["draft_n"], out["draft_n_accepted"] = u.draft_tokens, u.accepted_tokens
+    return out

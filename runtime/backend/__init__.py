@@ -1,5 +1,5 @@
 """The one package that touches llama_cpp: thin, typed wrappers over the low-level bindings
-(this module: models, contexts, samplers; media.py: libmtmd's projectors).
+(this module: models and contexts; sampler.py: sampler chains; media.py: libmtmd's projectors).
 
 Imported lazily (only when a model is loaded), so `tallow --help` never pays for it.
 Everything above works in Python ints, bytes and lists.
@@ -16,7 +16,7 @@ from pathlib import Path
 from tallow.common.errors import TallowError
 from tallow.runtime.errors import BackendError
 from tallow.runtime.host import interrupt
-from tallow.runtime.types import ContextParams, Placement, SamplerParams  # noqa: F401 - Context's, Model's, Sampler's
+from tallow.runtime.types import ContextParams, Placement  # noqa: F401 - Context's and Model's
 
 
 def load_failure(exc: BaseException, what: str = "llama.cpp") -> BackendError:
@@ -428,55 +428,4 @@ class Context:
         if self.ptr:
             C.llama_batch_free(self._batch)
             C.llama_free(self.ptr)
-            self.ptr = None
-
-
-class Sampler:
-    """A llama.cpp sampler chain; sampling and accepting happen in C."""
-
-    def __init__(self, model: Model, p: SamplerParams) -> None:
-        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
-        if p.grammar:
-            g = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode("utf-8"), b"root")
-            if not g:
-                C.llama_sampler_free(chain)
-                raise BackendError("llama.cpp refused the grammar" + (f": {last_log_error()}" if last_log_error() else ""))
-            add(g)
-        biases = [*p.bias, *((t, float("-inf")) for t in p.banned)]
-        if biases:
-            bias = (C.llama_logit_bias * len(biases))(*[C.llama_logit_bias(t, b) for t, b in biases])
-            add(C.llama_sampler_init_logit_bias(model.n_vocab, len(biases), bias))
-        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
-            add(C.llama_sampler_init_penalties(model.n_vocab, p.repeat_last_n, p.repeat_penalty,
-                                               p.frequency_penalty, p.presence_penalty))
-        version, tau, eta = p.mirostat
-        if p.temperature <= 0:
-            add(C.llama_sampler_init_greedy())
-        elif version:  # llama.cpp's order: the temperature, then Mirostat draws (no top-k/p, min-p)
-            add(C.llama_sampler_init_temp(p.temperature))
-            add(C.llama_sampler_init_mirostat(model.n_vocab, p.seed & 0xFFFFFFFF, tau, eta, 100) if version == 1
-                else C.llama_sampler_init_mirostat_v2(p.seed & 0xFFFFFFFF, tau, eta))
-        else:
-            if p.top_k > 0:
-                add(C.llama_sampler_init_top_k(p.top_k))
-            if p.typical_p < 1.0:
-                add(C.llama_sampler_init_typical(p.typical_p, 1))
-            if p.top_p < 1.0:
-                add(C.llama_sampler_init_top_p(p.top_p, 1))
-            if p.min_p > 0:
-                add(C.llama_sampler_init_min_p(p.min_p, 1))
-            add(C.llama_sampler_init_temp(p.temperature))
-            add(C.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
-        self.ptr = chain
-
-    def accept(self, token: int) -> None:
-        C.llama_sampler_accept(self.ptr, token)
-
-    def sample(self, ctx: Context, idx: int = -1) -> int:
-        return C.llama_sampler_sample(self.ptr, ctx.ptr, idx)
-
-    def close(self) -> None:
-        if self.ptr:
-            C.llama_sampler_free(self.ptr)
             self.ptr = None

@@ -250,7 +250,7 @@ class Scheduler:
         job.slot, slot.job = slot, job
         job.drafter = self.engine.drafter_for(job.run, slot.seq)
         try:
-            job.sampler = self.engine.sampler_for(job.request, job.run.forced_token)
+            job.sampler = self.engine.sampler_for(job.request, job.run.forced_token, job.run.kept)
         except TallowError as e:
             slot.job = None
             self._emit(job, Failure(e))
