@@ -134,7 +134,7 @@ class Conversation:
             for event in events:
                 if isinstance(event, FinalEvent):
                     final = event
-                else:
+                elif isinstance(event, TokenEvent):  # a chat asks for no prompt progress
                     yield event
         except KeyboardInterrupt:
             final = events.throw(KeyboardInterrupt)

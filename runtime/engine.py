@@ -38,7 +38,7 @@ from tallow.runtime.sampling import make_sampler
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
 from tallow.runtime.template import continued, framed
 from tallow.runtime.text import opens_reasoning, reasoning_markers
-from tallow.runtime.types import LoadSettings, Request, Timings, TokenEvent
+from tallow.runtime.types import LoadSettings, ProgressEvent, Request, Timings, TokenEvent
 
 _SEQ = 0
 
@@ -325,7 +325,7 @@ class Engine:
 
     # -- generation --------------------------------------------------------------------------
     def stream(self, request: Request) -> Events:
-        """Yield a TokenEvent per sampled token, then exactly one FinalEvent.
+        """Yield a TokenEvent per sampled token (ProgressEvents first, if asked), then one FinalEvent.
 
         KeyboardInterrupt, raised in here or thrown in by the consumer with
         `.throw(KeyboardInterrupt)`, ends the request with finish_reason 'interrupted'
@@ -346,7 +346,7 @@ class Engine:
             run.finish = "interrupted"
         yield run.final()
 
-    def _prefill(self, run: OutputStream, prompt: list[int], sampler) -> None:
+    def _prefill(self, run: OutputStream, prompt: list[int], sampler) -> Iterator[ProgressEvent]:
         seq, key = self.sequence, self.adapters.claim(self.sequence, run.request.lora)
         self.adapters.apply(key)
         disk = self.disk if self.adapters.disk_ok(key) else None
@@ -373,6 +373,8 @@ class Engine:
             else:
                 self.ctx.decode(chunk, seq.next_pos, _SEQ, want_last_logits=n == len(chunks) - 1)
                 seq.kv.extend(chunk)
+            if run.request.progress:
+                yield run.progress(len(seq.kv))
             while points and len(seq.kv) >= points[0]:
                 assert disk is not None  # cache points come from the disk cache
                 disk.save_point(seq, run.request, points.pop(0))
@@ -389,10 +391,10 @@ class Engine:
         """The request's sampler (runtime/sampling.py; the caller closes it)."""
         return make_sampler(self.model, request, forced, kept)
 
-    def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent]:
+    def _generate(self, run: OutputStream, prompt: list[int]) -> Iterator[TokenEvent | ProgressEvent]:
         sampler = self.sampler_for(run.request, run.forced_token, run.kept)
         try:
-            self._prefill(run, prompt, sampler)
+            yield from self._prefill(run, prompt, sampler)
             run.decoding()
             yield from self._decode_loop(run, sampler)
         finally:

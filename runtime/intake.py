@@ -45,10 +45,11 @@ class Parsed:
     generation: str = "new"  # "continue": the last (assistant) message is a prefill; "none": no generation prompt
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs: more names the chat template reads
     post_probs: bool = False  # llama.cpp's post_sampling_probs: probabilities after the sampler chain
+    progress: bool = False  # llama.cpp's return_progress: a report after each chunk of the prompt
 
     def request_kwargs(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "stop": self.stop, "sampling": self.sampling, "logprobs": self.logprobs,
-                "post_probs": self.post_probs,
+                "post_probs": self.post_probs, "progress": self.progress,
                 "ignore_eos": self.ignore_eos, "draft": self.draft, "save_prompt": self.save_prompt,
                 "reuse_cache": self.reuse_cache,
                 "logit_bias": self.logit_bias, "lora": self.lora, "reasoning_budget": self.reasoning_budget,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Generator, Protocol
 
-from tallow.runtime.types import FinalEvent, TokenEvent
+from tallow.runtime.types import FinalEvent, ProgressEvent, TokenEvent
 
-Events = Generator[TokenEvent | FinalEvent, None, None]  # Ctrl-C is thrown into it: it ends with a FinalEvent
+Events = Generator[TokenEvent | ProgressEvent | FinalEvent, None, None]  # Ctrl-C is thrown into it: it ends with a FinalEvent
 
 
 class Generating(Protocol):

@@ -21,7 +21,7 @@ from tallow.runtime.drafting.speculative import LookupDrafter, verify
 from tallow.runtime.logprobs import with_logprobs, with_post_probs
 from tallow.runtime.media.spans import Span, snap, text_only
 from tallow.runtime.text import Detokenizer, ReasoningSplitter, StopMatcher
-from tallow.runtime.types import FinalEvent, Request, Timings, TokenEvent, Usage
+from tallow.runtime.types import FinalEvent, ProgressEvent, Request, Timings, TokenEvent, Usage
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -225,6 +225,10 @@ class OutputStream:
         """The next token the answer must take instead of a sampled one (the sampler asks)."""
         return self._forced.pop(0) if self._forced else None
 
+    def progress(self, processed: int) -> ProgressEvent:
+        """The prompt's progress, `processed` of its tokens in the context."""
+        return ProgressEvent(len(self.request.prompt_tokens), self.usage.cached_tokens or 0, processed)
+
     def decoding(self) -> None:
         """Prefill is over: the first token is about to be sampled."""
         now = time.perf_counter()
@@ -237,10 +241,8 @@ class OutputStream:
         if self.model.is_eog(token):
             self.finish = "stop"
             return None, True
-        first = None
         if self.t_last is None:
             self.timings.ttft_ms = (now - self.started) * 1000
-            first = (len(self.request.prompt_tokens), self.usage.cached_tokens or 0)
         else:
             self.timings.itl_ms.append((now - self.t_last) * 1000)
         self.t_last = now
@@ -257,12 +259,12 @@ class OutputStream:
             self.parts.append(text)
         if stopped:
             self.finish, self.hit_stop_string = "stop", True
-            return TokenEvent(text, token, reasoning, prompt=first), True
+            return TokenEvent(text, token, reasoning), True
         max_tokens = self.request.max_tokens
         if max_tokens is not None and self.n_out >= max_tokens:
             self.finish = "length"
-            return TokenEvent(text, token, reasoning, prompt=first), True
-        return TokenEvent(text, token, reasoning, prompt=first), False
+            return TokenEvent(text, token, reasoning), True
+        return TokenEvent(text, token, reasoning), False
 
     def take_all(self, ctx, sampled: list[tuple[int, int]], guesses: int = 0) -> tuple[list[TokenEvent], int | None]:
         """Take tokens sampled in one step, in order, as (logit row, token), the first `guesses`

@@ -129,6 +129,7 @@ class Request:
     grammar: str | None = None  # GBNF constraining the answer (from runtime/grammar/__init__.py, checked)
     logprobs: int | None = None  # report each token's log-probability, and this many top alternatives
     post_probs: bool = False  # with logprobs: probabilities after the sampler chain instead (llama.cpp's)
+    progress: bool = False  # a ProgressEvent after each chunk of the prompt evaluated (llama.cpp's return_progress)
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
     media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
@@ -224,7 +225,15 @@ class TokenEvent:
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely tokens at this step
     prob: float | None = None  # with post_probs: the token's probability after the sampler chain
     top_probs: tuple[tuple[int, float], ...] = ()  # with post_probs: the chain's likeliest candidates
-    prompt: tuple[int, int] | None = None  # on the first token only: (prompt tokens, of which reused from a cache)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """How far a prompt's evaluation has come, after each chunk of it (Request.progress)."""
+
+    total: int  # the prompt's tokens
+    cached: int  # ... of which reused from a cache
+    processed: int  # ... of which in the context now (the cached ones included)
 
 
 @dataclass

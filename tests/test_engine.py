@@ -180,3 +180,17 @@ def test_lookup_accepts_drafts_when_the_answer_repeats(tmp_path):
         assert fast[1] == plain[1]
         u = fast[2].usage
         assert 0 < u.accepted_tokens < u.draft_tokens
+
+
+def test_prompt_progress_is_reported_after_each_chunk_before_the_first_token(synth_model):
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings, ProgressEvent
+
+    with Engine(synth_model, LoadSettings(n_ctx=512, n_threads=2, n_batch=64)) as engine:
+        p = engine.tokenize("the cat sat on the mat. " * 30)[:200]
+        events = list(engine.stream(Request(p, 2, (), Sampling(temperature=0), progress=True)))
+        quiet = list(engine.stream(Request(p, 2, (), Sampling(temperature=0))))
+    reports = [e for e in events if isinstance(e, ProgressEvent)]
+    assert [r.processed for r in reports] == [64, 128, 192, 200] and {(r.total, r.cached) for r in reports} == {(200, 0)}
+    assert all(isinstance(e, ProgressEvent) for e in events[:4]) and isinstance(events[4], TokenEvent)
+    assert not any(isinstance(e, ProgressEvent) for e in quiet)  # only when asked

@@ -188,7 +188,7 @@ def test_llama_server_clients_the_rest_of_the_way(server):
 
 def test_several_prompts_objects_text_bias_fields_and_progress(server):
     """llama.cpp's array of prompts (each answered, in order), its prompt object, logit_bias
-    keyed by text, response_fields, and return_progress's report before the first token."""
+    keyed by text, response_fields, and return_progress's reports before the first token."""
     base = {"n_predict": 3, "temperature": 0}
     _, one = call(server, "/completion", {**base, "prompt": PROMPT})
     _, other = call(server, "/completion", {**base, "prompt": "Water is"})
@@ -210,3 +210,10 @@ def test_several_prompts_objects_text_bias_fields_and_progress(server):
     progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
     assert status == 200 and len(progress) == 1 and chunks[0].get("prompt_progress") == progress[0]
     assert progress[0]["processed"] == progress[0]["total"] == one["tokens_evaluated"] and progress[0]["time_ms"] > 0
+    # a prompt longer than a batch: a report after each chunk, before the first token
+    status, chunks = call(server, "/completion", {**base, "prompt": "word " * 700, "stream": True, "return_progress": True})
+    reports = [i for i, c in enumerate(chunks) if "prompt_progress" in c]
+    progress = [chunks[i]["prompt_progress"] for i in reports]
+    assert status == 200 and len(progress) >= 2 and reports == list(range(len(reports))), progress
+    done = [p["processed"] for p in progress]
+    assert done == sorted(set(done)) and done[-1] == progress[-1]["total"] > 700 and progress[0]["cache"] == 0

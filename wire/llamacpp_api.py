@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from tallow.runtime.intake import Parsed
-from tallow.runtime.types import FinalEvent, TokenEvent
+from tallow.runtime.types import FinalEvent, ProgressEvent, TokenEvent
 from tallow.wire.fields import (
     APIError,
     body_names,
@@ -81,10 +81,11 @@ def parse(body: dict[str, Any], limits: Limits, route: str = "/completion") -> P
     parsed.sampling = sampling(body, limits.sampling, "llamacpp")
     parsed.prompt = mixed
     parsed.post_probs = flag(body, "post_sampling_probs")
+    parsed.progress = flag(body, "return_progress") and parsed.stream  # reports go between streamed chunks
     if media:  # the prompt's text with its images, as a raw conversation of one message (no template)
         parsed.messages, parsed.prompt = [{"role": "user", "content": mixed, "media": media}], None
     parsed.extra = {"native": True, "n_probs": probs, "return_tokens": flag(body, "return_tokens"),
-                    "timings_per_token": flag(body, "timings_per_token"), "return_progress": flag(body, "return_progress"),
+                    "timings_per_token": flag(body, "timings_per_token"),
                     "bias_text": texts, "response_fields": _response_fields(body.get("response_fields")),
                     "raw": bool(media), "shown": mixed if isinstance(mixed, str) else None,
                     "infill": _infill(body) if route == "/infill" else None}
@@ -283,12 +284,10 @@ class NativeAdapter:
 
     def tokens(self, ev: TokenEvent) -> list[str]:
         """The stream's line for a token (none while text is held back and no probabilities are
-        asked for); with return_progress, the prompt's progress before the first (tallow
-        evaluates a prompt in one step as the stream sees it: one report, the prompt done)."""
+        asked for)."""
         entry = self.note(ev)
-        lines = self.progress(ev)
         if not ev.text and entry is None:
-            return lines
+            return []
         chunk: dict[str, Any] = {"content": ev.text, "stop": False, "id_slot": -1, "index": self.index}
         if self.extra["return_tokens"]:
             chunk["tokens"] = [ev.token]
@@ -297,13 +296,11 @@ class NativeAdapter:
         if self.extra["timings_per_token"]:
             chunk["timings"] = {"predicted_n": len(self.ids),
                                 "predicted_ms": round((time.perf_counter() - self.started) * 1000, 3)}
-        return [*lines, f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"]
+        return [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"]
 
-    def progress(self, ev: TokenEvent) -> list[str]:
-        if not self.extra["return_progress"] or ev.prompt is None:
-            return []
-        total, cached = ev.prompt
-        report = {"total": total, "cache": cached, "processed": total,
+    def progressed(self, ev: ProgressEvent) -> list[str]:
+        """return_progress's report of a chunk of the prompt evaluated."""
+        report = {"total": ev.total, "cache": ev.cached, "processed": ev.processed,
                   "time_ms": round((time.perf_counter() - self.started) * 1000, 3)}
         chunk = {"content": "", "stop": False, "id_slot": -1, "index": self.index, "prompt_progress": report}
         return [f"data: {json.dumps(chunk)}\n\n"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from tallow.common.errors import TallowError
-from tallow.runtime.types import FinalEvent, TokenEvent
+from tallow.runtime.types import FinalEvent, ProgressEvent, TokenEvent
 
 
 class QueueFull(TallowError):
@@ -22,7 +22,7 @@ class Failure:
     error: TallowError
 
 
-Event = TokenEvent | FinalEvent | Failure
+Event = TokenEvent | FinalEvent | Failure | ProgressEvent
 
 
 class Handle:

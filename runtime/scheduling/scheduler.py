@@ -299,7 +299,9 @@ class Scheduler:
                 return
             decoded = self._observe(len(entries), wants, began) if len(calls) == 1 else None
             self.stats.steps += 1
-            self._save_points({e[2] for e in entries})
+            seqs = {e[2] for e in entries}
+            self._save_points(seqs)
+            self._report_progress(seqs)
             for row, job in wants:
                 self._sample(job, row)
         if self.engine.drafts is not None and calls:  # the whole step, drafts to sampling
@@ -314,6 +316,12 @@ class Scheduler:
             self.engine.drafts.costs.target_step(len(wants), rows, ms)
             return ms
         return None
+
+    def _report_progress(self, seqs: set[int]) -> None:
+        """A ProgressEvent to each request that asked, whose prompt the call just evaluated part of."""
+        for job in self._active:
+            if job.request.progress and job.run.t_last is None and job.held.seq in seqs:
+                self._emit(job, job.run.progress(len(job.held.kv)))
 
     def _save_points(self, seqs: set[int]) -> None:
         """Save the cache points the prefill just reached in a call that decoded `seqs` (see

@@ -26,7 +26,7 @@ from tallow.runtime.intake import to_request
 from tallow.runtime.scheduling.forks import merged, submit_forks
 from tallow.runtime.scheduling.handle import Failure, QueueFull
 from tallow.runtime.scheduling.scheduler import Scheduler
-from tallow.runtime.types import DraftLimits, FinalEvent, TokenEvent
+from tallow.runtime.types import DraftLimits, FinalEvent, ProgressEvent, TokenEvent
 from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
@@ -318,6 +318,9 @@ async def _sse(handles: list, events: asyncio.Queue, adapters: list, prompt_toke
                 return
             if isinstance(ev, TokenEvent):
                 for line in adapters[i].tokens(ev):
+                    yield line
+            elif isinstance(ev, ProgressEvent):  # only llama.cpp's adapter asks for them
+                for line in adapters[i].progressed(ev):
                     yield line
             elif isinstance(ev, FinalEvent):
                 finals[i] = ev
