@@ -76,7 +76,6 @@ EndpointKey = Annotated[Optional[str], typer.Option("--api-key", help="With --en
 def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool = False) -> list:
     """The servers --endpoint (or TALLOW_ENDPOINT) names, checked; [] for the local engine.
     Offline, a host that is not this machine is refused before anything connects."""
-    from tallow.client.endpoint import Endpoint
     from tallow.env import settings
 
     urls = list(urls or []) or settings.endpoints()
@@ -86,6 +85,10 @@ def endpoints(urls: list[str] | None, key: str | None, offline: bool, many: bool
         raise typer.BadParameter("the same server is named twice", param_hint="--endpoint")
     if key is not None and not urls:
         raise typer.BadParameter("an API key is for an --endpoint server: give --endpoint", param_hint="--api-key")
+    if not urls:
+        return []
+    from tallow.client.endpoint import Endpoint  # an HTTP client: only for a command that uses one
+
     key = key or settings.endpoint_key()
     return [Endpoint.parse(u, key, offline or settings.offline()) for u in urls]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tallow.models.catalog import CATALOG, PackagedModel
 from tallow.models.download import ProgressFn, no_progress
@@ -11,9 +12,11 @@ from tallow.models.errors import IntegrityError, ModelNotFound
 from tallow.models.gguf_file import check_gguf
 from tallow.models.names import near_names, shown
 from tallow.models.preset import Preset
-from tallow.models.pull import PullOptions, pull
 from tallow.models.refs import HubRef, NameRef, PathRef, parse_ref
 from tallow.models.store import Manifest, Store
+
+if TYPE_CHECKING:
+    from tallow.models.pull import PullOptions
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ def stored_names(store: Store) -> list[str]:
 
 
 def find_or_pull(text: str, store: Store, opts: PullOptions, on_progress: ProgressFn = no_progress) -> LocalModel:
+    from tallow.models.pull import pull  # the hub client and HTTP: only when a pull happens
+
     found = locate(text, store)
     if isinstance(found, LocalModel):
         return found

@@ -41,8 +41,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 CHILD = r"""
 import json, sys, time
 from tallow.wire.fields import parse_json
-from tallow.runtime.intake import to_request
 from tallow.wire.openai_api import parse_chat
+try:  # where it lives since wire/ only translates; before that, beside the parser
+    from tallow.wire.openai_api import to_request
+except ImportError:
+    from tallow.runtime.intake import to_request
 from tallow.wire.request import Limits
 from tallow.runtime.engine import Engine
 from tallow.runtime.types import LoadSettings
