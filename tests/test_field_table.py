@@ -44,18 +44,21 @@ def bad_value(f: Field):
     return None if f.high is None else (f.high + 1 if f.kind is int else f.high * 2 + 1)
 
 
-def http_parse(surface: str, extra: dict, options: bool = True):
-    """The request `extra` (the fields under test) makes on `surface`."""
+def http_parse(surface: str, extra: dict, options: bool = True, limits: Limits = LIMITS):
+    """The request `extra` (the fields under test) makes on `surface`; on Ollama's, inside
+    `options` unless told otherwise, and a body with a prompt is a /api/generate one."""
     if surface == "openai":
-        return openai_api.parse_chat({"messages": USER, **extra}, LIMITS)
+        return openai_api.parse_chat({"messages": USER, **extra}, limits)
     if surface == "responses":
-        return responses_api.parse({"input": "hi", **extra}, LIMITS, None)
+        return responses_api.parse({"input": "hi", **extra}, limits, None)
     if surface == "anthropic":
-        return anthropic_api.parse({"messages": USER, "max_tokens": 64, **extra}, LIMITS)
+        return anthropic_api.parse({"messages": USER, "max_tokens": 64, **extra}, limits)
+    if surface == "ollama" and "prompt" in extra:
+        return ollama_api.parse_generate(extra, limits, LOADED)
     if surface == "ollama":
         body = {"messages": USER, "options": extra} if options else {"messages": USER, **extra}
-        return ollama_api.parse_chat(body, LIMITS, LOADED)
-    return llamacpp_api.parse({"prompt": "hi", **extra}, LIMITS)
+        return ollama_api.parse_chat(body, limits, LOADED)
+    return llamacpp_api.parse({"prompt": "hi", **extra}, limits)
 
 
 def reached(f: Field, parsed) -> object:

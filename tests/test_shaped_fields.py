@@ -18,11 +18,10 @@ import pytest
 import typer
 from helpers.projector import solid_png
 from helpers.synth import write_synthetic_gguf
-from test_field_table import HTTP, LOADED, USER
+from test_field_table import HTTP, http_parse
 
 from tallow.common.fields import ALL, FIELDS, IN_CONTENT, SHAPED
 from tallow.runtime.chat import FIELD_SETTINGS, OWN_SETTINGS
-from tallow.wire import anthropic_api, llamacpp_api, ollama_api, openai_api, responses_api
 from tallow.wire.fields import APIError
 from tallow.wire.request import Limits
 
@@ -115,17 +114,8 @@ def samples(tmp_path) -> dict[tuple[str, str], list[tuple[dict, object]]]:
 
 
 def parse(surface: str, extra: dict):
-    if surface == "openai":
-        return openai_api.parse_chat({"messages": USER, **extra}, LIMITS)
-    if surface == "responses":
-        return responses_api.parse({"input": "hi", **extra}, LIMITS, None)
-    if surface == "anthropic":
-        return anthropic_api.parse({"messages": USER, "max_tokens": 64, **extra}, LIMITS)
-    if surface == "ollama" and "prompt" in extra:
-        return ollama_api.parse_generate(extra, LIMITS, LOADED)
-    if surface == "ollama":
-        return ollama_api.parse_chat({"messages": USER, **extra}, LIMITS, LOADED)
-    return llamacpp_api.parse({"prompt": "hi", **extra}, LIMITS)
+    """Shaped fields go at the top of an Ollama body, not in its options."""
+    return http_parse(surface, extra, options=False, limits=LIMITS)
 
 
 def test_every_shaped_field_says_what_it_is_on_every_surface():
