@@ -32,7 +32,9 @@ def test_a_probe_that_crashes_turns_repacking_off_says_so_once_and_the_run_works
     assert first.stderr.decode().count("note: measuring this machine once (~10 s") == 1  # said before it starts
     (profile,) = _profiles(tmp_path).values()
     assert profile["repack"] is False and profile["probed"] is True
-    assert profile["timings"]["on"]["decode_0"] > 0  # the timings come from a second, clean child
+    # the timings come from a second, clean child (or, twice implausible on a busy machine, are refused as such)
+    assert profile["timings"]["on"]["decode_0"] > 0 if profile["timings"] else \
+        profile["timing_error"].startswith("implausible timings"), profile["timing_error"]
     # the verdict is cached: the next command neither probes nor says it again
     second = run_tallow(["run", "smollm2:135m", "Say hi", "-n", "4", "--temperature", "0"], home=default_home, env=env)
     assert second.returncode == 0
@@ -123,7 +125,12 @@ def test_doctor_json_schema(default_home, tmp_path):
     assert d["ok"] is True and all(c["ok"] for c in d["checks"])
     assert d["cpu"]["physical_cores"] >= 1 and d["cpu"]["threads"] >= 1
     assert isinstance(d["repack"]["on"], bool) and d["repack"]["reason"]
-    assert d["flash_attn"]["on"]["decode_0"] > 0 and d["flash_attn"]["off"]["decode_deep"] > 0
+    fa = d["flash_attn"]
+    if "error" in fa:  # twice implausible (a very busy machine): said, and llama.cpp's default used
+        assert fa["error"].startswith("implausible timings after a second look")
+    else:
+        assert fa["on"]["decode_0"] > 0 and fa["off"]["decode_deep"] > 0 and set(fa["noise_pct"]) == {"on", "off"}
+        assert isinstance(fa["busy"], bool) and fa["load"] is not None
     assert any(dev["kind"] == "cpu" and dev["total"] > 0 for dev in d["devices"])
     assert 0 < d["memory"]["available"] <= d["memory"]["total"]
     assert d["paths"]["models_bytes"] > 90_000_000

@@ -141,11 +141,25 @@ def _decisions(devices: list[dict], prof) -> dict:
 
 
 def _fa_summary(prof) -> dict | None:
+    """The flash-attention timings (best of their rounds, as tokens/s), their noise (the
+    median's excess over the best, per mode, the worst measurement's) and the load then."""
     t = prof.timings
     if not t:
-        return None
+        return {"error": prof.timing_error} if prof.timing_error else None
+    noise = {mode: round(100 * max(s.values()), 1) for mode, s in (prof.spread or {}).items()}
     return {"depth": t["_depth"], **{mode: {k: round(1 / v, 1) for k, v in t[mode].items()} for mode in ("on", "off")},
-            "unit": "tokens/s on the calibration model"}
+            "unit": "tokens/s on the calibration model", "noise_pct": noise, "load": prof.load, "busy": prof.busy}
+
+
+def _fa_row(f: dict) -> str:
+    if "error" in f:
+        return f["error"]
+    noise = ", ".join(f"{mode} {pct:g}%" for mode, pct in f["noise_pct"].items()) or "?"
+    verdict = ("measured while busy: llama.cpp's default until `tallow doctor --recalibrate` on a quiet machine"
+               if f["busy"] else "chosen per context, off only where it wins by more than the noise")
+    return (f"decode tok/s at depth 0 / {f['depth']}: on {f['on']['decode_0']:.0f} / {f['on']['decode_deep']:.0f}, "
+            f"off {f['off']['decode_0']:.0f} / {f['off']['decode_deep']:.0f} (calibration model; noise {noise}; "
+            f"load {f['load']}; {verdict})")
 
 
 def _render(d: dict) -> None:
@@ -167,10 +181,7 @@ def _render(d: dict) -> None:
         types = ", ".join(r["extra_buffer_types"]) or "none"
         rows.append(("repack", f"{'on' if r['on'] else 'off'}: {r['reason']} (extra buffer types: {types})"))
     if d["flash_attn"]:
-        f = d["flash_attn"]
-        rows.append(("flash attn", f"decode tok/s at depth 0 / {f['depth']}: on {f['on']['decode_0']:.0f} / "
-                     f"{f['on']['decode_deep']:.0f}, off {f['off']['decode_0']:.0f} / {f['off']['decode_deep']:.0f} "
-                     "(calibration model; chosen per context)"))
+        rows.append(("flash attn", _fa_row(d["flash_attn"])))
     if d["backends"]:
         rows.append(("backends", ", ".join(d["backends"])))
     if d["gpu_unused"]:

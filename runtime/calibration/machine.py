@@ -7,8 +7,11 @@ Two decisions depend on the CPU and on the llama.cpp build, not on the model
   build offers one of the types in PROBED, a child loads the calibration model with extra
   buffers on and decodes; if it dies by a signal or hangs, extra buffers are off here.
 - flash attention: whether it is faster depends on the CPU and on the depth of the
-  context. The child times prefill and decode at two depths with it on and off, and
-  `flash_attn_for` chooses per context from those timings.
+  context. The child times prefill and decode at two depths with it on and off, in
+  alternating rounds; runtime/calibration/flash.py judges the samples, and
+  `flash_attn_for` chooses per context from them, leaving llama.cpp's default only where
+  the other mode wins by more than the noise, and never on timings taken while the
+  machine was busy.
 
 The verdict is cached in one JSON file, keyed by everything that decides it: the binding's
 version and llama.cpp's system info, the CPU's model and flags, the kernel release, the
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,7 +37,8 @@ from typing import Any, Callable
 # llama.cpp's default path on every x86 and ARM build and is not probed.
 PROBED = {"AMX": "llama.cpp's AMX kernels crash on some CPUs (ggml-org/llama.cpp#20824)"}
 PROBE_TIMEOUT_S = 120.0
-VERSION = 1  # of the cache's format
+BUSY = 0.5  # a load average over this share of the CPUs: the machine was busy as it was measured
+VERSION = 2  # of the cache's format (2: timings from alternating rounds, with their noise)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class Profile:
     probed: bool  # a child tried the repacked kernels
     timings: dict | None = None  # {"on"|"off": {decode_0, decode_deep, prefill_0, prefill_deep}} seconds/token
     timing_error: str = ""  # why there are no timings
+    spread: dict | None = None  # per mode and measurement: the median's excess over the minimum (the noise)
+    load: float | None = None  # the machine's 1-minute load average as the calibration began
+    busy: bool = False  # ... over BUSY of its CPUs: the timings are kept, but not acted on
     calibrated_at: float = field(default_factory=time.time)
     seconds: float = 0.0  # what the calibration cost
 
@@ -62,26 +69,18 @@ class Profile:
         return asdict(self)
 
     def flash_attn_for(self, shape, work: Workload) -> str:
-        """'on' or 'off': whichever the timings say costs less for `work` on a model of
-        this `shape` (models.memory.Shape); 'on' when nothing was measured."""
+        """'on' or 'off' for `work` on a model of this `shape` (models.memory.Shape): the
+        mode the timings say is cheaper by more than their noise, else llama.cpp's default
+        (runtime/calibration/flash.py); the default when nothing was measured, or when it was
+        measured on a busy machine (where a measurement can be slowed a hundredfold)."""
+        from tallow.runtime.calibration.flash import DEFAULT, choose
         from tallow.runtime.calibration.probe_model import HEAD_DIM, N_HEAD, N_LAYER
 
-        t = self.timings
-        if not t or shape is None:
-            return "on"
-        depth = t["_depth"]
+        if not self.timings or shape is None or self.busy:
+            return DEFAULT
         layers = shape.n_layer / N_LAYER  # per-token overhead of each path scales with the layers
         width = shape.n_layer * shape.n_embd / (N_LAYER * N_HEAD * HEAD_DIM)  # attention work per depth
-
-        def cost(mode: str) -> float:
-            m = t[mode]
-            d_slope = (m["decode_deep"] - m["decode_0"]) / depth
-            p_slope = (m["prefill_deep"] - m["prefill_0"]) / depth
-            p, n = work.prompt_tokens, work.decode_tokens
-            return (p * m["prefill_0"] * layers + p_slope * width * p * p / 2
-                    + n * m["decode_0"] * layers + d_slope * width * n * (p + n / 2))
-
-        return "on" if cost("on") <= cost("off") else "off"
+        return choose(self.timings, self.spread, layers, width, work.prompt_tokens, work.decode_tokens)
 
 
 def cpu_facts() -> dict:
@@ -134,6 +133,7 @@ class ProbeOptions:
     force_probe: bool = False  # tests: probe even where no PROBED type is offered
     timeout_s: float = PROBE_TIMEOUT_S
     timing: bool = True  # measure flash attention
+    rounds: int = 5  # of each flash-attention measurement (runtime/calibration/probe.py)
 
 
 def run_child(args: dict, timeout_s: float) -> tuple[dict | None, str]:
@@ -156,7 +156,7 @@ def run_child(args: dict, timeout_s: float) -> tuple[dict | None, str]:
 
 def _child(workdir: Path, extra_buffers: bool, opts: ProbeOptions, fault: str | None) -> tuple[dict | None, str]:
     args = {"task": "calibrate", "model": str(workdir / "calibration.gguf"), "threads": opts.threads,
-            "extra_buffers": extra_buffers, "timing": opts.timing, "fault": fault}
+            "extra_buffers": extra_buffers, "timing": opts.timing, "fault": fault, "rounds": opts.rounds}
     result, why = run_child(args, opts.timeout_s)
     return result, (f"the probe {why}" if why else "")
 
@@ -182,7 +182,10 @@ def check_loadable(paths: list[Path], timeout_s: float = PROBE_TIMEOUT_S, mmproj
 
 def calibrate(facts: dict, key: str, extra_types: list[str], opts: ProbeOptions,
               notice: Callable[[str], None]) -> Profile:
-    started = time.perf_counter()
+    started, load = time.perf_counter(), _load()
+    busy = load is not None and load > BUSY * (os.cpu_count() or 1)
+    if busy:  # timings that will not be acted on: the fewest rounds, and no second look
+        opts = replace(opts, rounds=2)
     risky = [t for t in extra_types if t in PROBED]
     probe = opts.mode == "auto" and (risky or opts.force_probe)
     with tempfile.TemporaryDirectory(prefix="tallow-probe-") as tmp:
@@ -206,11 +209,37 @@ def calibrate(facts: dict, key: str, extra_types: list[str], opts: ProbeOptions,
             else:
                 reason = f"no probe needed for {', '.join(extra_types)}"
             result, timing_error = _child(workdir, repack, opts, None) if opts.timing else (None, "")
-    timings = None
-    if result and result.get("timings"):
-        timings = {**result["timings"], "_depth": result["depth"]}
-    return Profile(key, facts, extra_types, repack, reason, bool(probe), timings, timing_error,
-                   seconds=round(time.perf_counter() - started, 2))
+        again = (lambda: None) if busy else (lambda: _child(workdir, repack, opts, None)[0])
+        timings, spread, timing_error = judged(result, timing_error, again)
+    return Profile(key, facts, extra_types, repack, reason, bool(probe), timings, timing_error, spread=spread,
+                   load=load, busy=busy, seconds=round(time.perf_counter() - started, 2))
+
+
+def judged(result: dict | None, error: str, again: Callable[[], dict | None]) -> tuple[dict | None, dict | None, str]:
+    """(timings, spread, why there are none) from the child's samples: an implausible set is
+    measured `again` and the two merged; still implausible, none are kept (runtime/calibration/flash.py)."""
+    from tallow.runtime.calibration.flash import implausible, merged, summarize
+
+    if not result or not result.get("samples"):
+        return None, None, error
+    samples = result["samples"]
+    timings, spread = summarize(samples, result["depth"])
+    if implausible(timings):
+        second = again()
+        if second and second.get("samples"):
+            samples = merged(samples, second["samples"])
+            timings, spread = summarize(samples, result["depth"])
+        why = implausible(timings)
+        if why:
+            return None, None, f"implausible timings after a second look ({why}); flash attention: llama.cpp's default"
+    return timings, spread, ""
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def build_facts() -> dict:

@@ -6,9 +6,10 @@
 loads the calibration model (runtime/calibration/probe_model.py), decodes a prefill batch and single
 tokens with N threads and with one (llama.cpp's repacked kernels have crashed only with
 worker threads), and with "timing" measures prefill and decode at two depths with flash
-attention on and off. `{"task": "check", "paths": [...]}` asks llama.cpp to read a model's
-metadata and plan its buffers without allocating weights (no_alloc). Either prints one
-JSON line. A native fault kills only this process: the parent reads the signal.
+attention on and off, in alternating rounds, and prints every sample (the parent judges
+them: runtime/calibration/flash.py). `{"task": "check", "paths": [...]}` asks llama.cpp
+to read a model's metadata and plan its buffers without allocating weights (no_alloc).
+Either prints one JSON line. A native fault kills only this process: the parent reads the signal.
 
 `"fault"` ("crash" or "hang") makes the child fail the way a native fault would, after
 the load: the tests' way to exercise the parent on any CPU.
@@ -26,44 +27,65 @@ from pathlib import Path
 DEPTH = 1024  # the "deep" point of the timings
 CHUNK = 128  # prefill tokens timed at each depth
 SINGLES = 8  # single-token decodes timed at each depth
+ROUNDS = 5  # of every measurement, the two modes alternating within each (the parent may ask fewer)
+METRICS = ("decode_0", "prefill_0", "prefill_deep", "decode_deep")
 
 
 def _tokens(n: int, start: int = 0) -> list[int]:
     return [(start + i) * 7 % 480 + 16 for i in range(n)]
 
 
-def _best(ctx, pos: int, tokens: list[int], single: bool) -> float:
-    """Seconds per token of evaluating `tokens` from `pos` (one call, or one call each),
-    the better of two tries: a shared machine only ever makes things slower."""
-    best = float("inf")
-    for _ in range(2):
-        ctx.seq_rm(0, pos)
-        t0 = time.perf_counter()
-        if single:
-            for i, t in enumerate(tokens):
-                ctx.decode([t], pos + i)
-        else:
-            ctx.decode(tokens, pos)
-        best = min(best, (time.perf_counter() - t0) / len(tokens))
-    return best
+def _once(ctx, pos: int, tokens: list[int], single: bool) -> float:
+    """Seconds per token of evaluating `tokens` from `pos` (one call, or one call each); the
+    context is cut back to `pos` after, so the next try starts where this one did."""
+    t0 = time.perf_counter()
+    if single:
+        for i, t in enumerate(tokens):
+            ctx.decode([t], pos + i)
+    else:
+        ctx.decode(tokens, pos)
+    took = (time.perf_counter() - t0) / len(tokens)
+    ctx.seq_rm(0, pos)
+    return took
 
 
-def _timings(backend, model, threads: int, flash: str) -> dict:
-    ctx = backend.Context(model, backend.ContextParams(n_ctx=DEPTH + 2 * CHUNK, n_batch=512, n_ubatch=512,
-                                                       n_threads=threads, flash_attn=flash))
+def _contexts(backend, model, threads: int, flash: str) -> tuple:
+    """A shallow context (empty but one token) and a deep one (DEPTH tokens), for `flash`."""
+    def make():
+        return backend.Context(model, backend.ContextParams(n_ctx=DEPTH + 2 * CHUNK, n_batch=512, n_ubatch=512,
+                                                            n_threads=threads, flash_attn=flash))
+    shallow, deep = make(), make()
+    shallow.decode(_tokens(1), 0)
+    for pos in range(0, DEPTH, 512):
+        deep.decode(_tokens(min(512, DEPTH - pos), pos), pos, want_last_logits=False)
+    return shallow, deep
+
+
+def _samples(contexts: dict, rounds: int) -> dict:
+    """Every measurement `rounds` times, flash attention on and off alternating in each round
+    (the order swapped from round to round), so a busy moment falls on both modes alike."""
+    got: dict = {mode: {m: [] for m in METRICS} for mode in contexts}
+    modes = list(contexts)
+    for r in range(rounds):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            shallow, deep = contexts[mode]
+            got[mode]["decode_0"].append(_once(shallow, 1, _tokens(SINGLES, 1), True))
+            got[mode]["prefill_0"].append(_once(shallow, 1, _tokens(CHUNK, 1), False))
+            got[mode]["prefill_deep"].append(_once(deep, DEPTH, _tokens(CHUNK, DEPTH), False))
+            got[mode]["decode_deep"].append(_once(deep, DEPTH, _tokens(SINGLES, DEPTH), True))
+    return got
+
+
+def _timings(backend, model, threads: int, rounds: int) -> dict:
+    """Each mode's samples per measurement (seconds per token; the caller keeps the minimum,
+    as a shared machine only ever makes things slower, and reads the noise from the rest)."""
+    contexts = {flash: _contexts(backend, model, threads, flash) for flash in ("on", "off")}
     try:
-        ctx.decode(_tokens(1), 0)
-        got = {"decode_0": _best(ctx, 1, _tokens(SINGLES, 1), True),
-               "prefill_0": _best(ctx, 0, _tokens(CHUNK), False)}
-        for pos in range(CHUNK, DEPTH, 512):
-            ctx.decode(_tokens(min(512, DEPTH - pos), pos), pos, want_last_logits=False)
-        got["prefill_deep"] = _best(ctx, DEPTH, _tokens(CHUNK, DEPTH), False)
-        ctx.seq_rm(0, DEPTH)
-        ctx.decode(_tokens(CHUNK, DEPTH), DEPTH)
-        got["decode_deep"] = _best(ctx, DEPTH + CHUNK, _tokens(SINGLES, DEPTH + CHUNK), True)
-        return got
+        return _samples(contexts, rounds)
     finally:
-        ctx.close()
+        for pair in contexts.values():
+            for ctx in pair:
+                ctx.close()
 
 
 def calibrate(args: dict) -> dict:
@@ -90,7 +112,7 @@ def calibrate(args: dict) -> dict:
         ctx.close()
         out: dict = {"ok": True, "system_info": backend.system_info()}
         if args.get("timing"):
-            out["timings"] = {flash: _timings(backend, model, threads, flash) for flash in ("on", "off")}
+            out["samples"] = _timings(backend, model, threads, max(2, int(args.get("rounds", ROUNDS))))
             out["depth"] = DEPTH + CHUNK // 2  # where the deep prefill and decode were timed, about
         return out
     finally:
