@@ -80,6 +80,14 @@ def test_gpu_layers_default_to_what_run_uses_and_rows_say_what_ran(synth_model, 
     assert table.returncode == 0 and "ngl" in table.stdout.decode()
 
 
+def test_kv_types_and_flash_attention_take_lists_as_llama_bench_does(synth_model, tmp_path):
+    r = run_tallow(["bench", str(synth_model), "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-fa", "0,1",
+                    "--ctk", "f16,f32", "-o", "json"], home=tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    ran = [(row["type_k"], row["type_v"], row["flash_attn"]) for row in json.loads(r.stdout)]
+    assert ran == [("f16", "f16", "off"), ("f16", "f16", "on"), ("f32", "f16", "off"), ("f32", "f16", "on")]
+
+
 @pytest.mark.parametrize("args, message, code", [
     (["-ngl", "most"], "use auto, all, or a number", 2),
     (["-o", "xml"], "table, json", 2),
@@ -87,7 +95,10 @@ def test_gpu_layers_default_to_what_run_uses_and_rows_say_what_ran(synth_model, 
     (["-t", "0"], "numbers from 1 to", 2),
     (["-p", "0", "-n", "0"], "no tests", 2),
     (["-pg", "16"], "PROMPT,GEN", 2),
-    (["--ctk", "q9_9"], "unknown KV cache type", 1),
+    (["--ctk", "q9_9"], "unknown KV cache type", 2),
+    (["-fa", "0,maybe"], "use auto, on or off", 2),
+    (["--ctv", "q8_0", "-fa", "1,0"], "needs flash attention", 2),
+    (["--ctk", ","], "one or more values", 2),
     (["--compare", "/nonexistent.json"], "cannot read saved results", 1),
 ])
 def test_bad_arguments_are_clear(synth_model, tmp_path, args, message, code):

@@ -52,9 +52,22 @@ class LocalBench(FlagGroup):
     main_gpu: o.MainGpu = 0
     split_mode: o.SplitMode = "layer"
     tensor_split: o.TensorSplit = None
-    ctk: Annotated[str, typer.Option("--ctk", "--cache-type-k", help="K cache type.")] = "f16"
-    ctv: Annotated[str, typer.Option("--ctv", "--cache-type-v", help="V cache type.")] = "f16"
-    flash_attn: Annotated[str, typer.Option("--flash-attn", "-fa", help="Flash attention: auto, on or off.")] = "auto"
+    ctk: Annotated[str, typer.Option("--ctk", "--cache-type-k", help="K cache types.")] = "f16"
+    ctv: Annotated[str, typer.Option("--ctv", "--cache-type-v", help="V cache types.")] = "f16"
+    flash_attn: Annotated[str, typer.Option("--flash-attn", "-fa", help="Flash attention: auto, on or off (or 1, 0).")] = "auto"
+
+    def kv_settings(self) -> list[tuple[str, str, str]]:
+        """Every combination of the K and V cache types and flash attention asked for, each
+        checked (a quantized V cache turns "auto" on), without repeats."""
+        def words(value: str, flag: str) -> list[str]:
+            got = [v.strip() for v in value.split(",") if v.strip()]
+            if not got:
+                raise typer.BadParameter("give one or more values, comma-separated", param_hint=flag)
+            return got
+
+        flash = [{"1": "on", "0": "off"}.get(v, v) for v in words(self.flash_attn, "-fa")]
+        combos = itertools.product(words(self.ctk, "--ctk"), words(self.ctv, "--ctv"), flash)
+        return list(dict.fromkeys(o.cache_types(k, v, fa) for k, v, fa in combos))
 
     def given(self) -> dict[str, bool]:
         return {"-pg": bool(self.pg), "-d": self.depth != "0", "-r": self.reps != 5, "-t": self.threads is not None,
@@ -120,7 +133,7 @@ def bench(
       tallow bench smollm2:135m --endpoint http://127.0.0.1:8080/v1 --parallel 1,4 --slo server
     """
     output = report.format()
-    o.parse_flash_attn(local.flash_attn)
+    kvs = local.kv_settings()
     from tallow.runtime.bench import SLO
 
     if slo is not None and slo not in SLO:
@@ -132,7 +145,7 @@ def bench(
     for flag, used in load.given().items():
         if used:
             raise typer.BadParameter("this is for loading a server: give --endpoint", param_hint=flag)
-    rows = _local_rows(models, n_prompt, n_gen, parallel, slo, local, offline, report)
+    rows = _local_rows(models, n_prompt, n_gen, parallel, slo, local, kvs, offline, report)
     if report.save:
         report.save.write_text(json.dumps(rows, indent=1))
     _emit(rows, output)
@@ -141,7 +154,7 @@ def bench(
 
 
 def _local_rows(models: list[str], n_prompt: str, n_gen: str, parallel: str | None, slo: str | None,
-                local: LocalBench, offline: bool, report: Report) -> list[dict]:
+                local: LocalBench, kvs: list[tuple[str, str, str]], offline: bool, report: Report) -> list[dict]:
     """Every test of every combination, measured here (and the change against saved figures)."""
     from tallow.runtime.host.threads import physical_cores
 
@@ -154,11 +167,11 @@ def _local_rows(models: list[str], n_prompt: str, n_gen: str, parallel: str | No
     baseline = _load_saved(report.compare) if report.compare else None
     found = [find_model(m, offline=offline or settings.offline()) for m in models]
     place = o.placement(local.device, local.main_gpu, local.split_mode, local.tensor_split)
-    kv = (local.ctk, local.ctv, local.flash_attn)
-    rows = _measure(found, tests, combos, local.reps, *kv, place)
+    rows = _measure(found, tests, combos, local.reps, kvs, place)
     if parallel_ns:
         p, n = (_ints(n_prompt, "-p")[0] or 128), (_ints(n_gen, "-n")[0] or 32)
-        rows += _measure_parallel(found, parallel_ns, p, n, combos[0], min(local.reps, 3), *kv, place)
+        for kv in kvs:
+            rows += _measure_parallel(found, parallel_ns, p, n, combos[0], min(local.reps, 3), *kv, place)
     if baseline is not None:
         for r in rows:
             old = baseline.get(tuple(r[k] for k in KEY))
@@ -273,7 +286,7 @@ def _load_saved(path: Path) -> dict:
         raise TallowError(f"cannot read saved results {path}: {exc}", "write them with tallow bench ... --save FILE") from exc
 
 
-def _measure(local, tests, combos, reps, ctk, ctv, flash_attn, place) -> list[dict]:
+def _measure(local, tests, combos, reps, kvs: list[tuple[str, str, str]], place) -> list[dict]:
     from dataclasses import replace
 
     from tallow.models.gguf_file import read_gguf
@@ -289,7 +302,7 @@ def _measure(local, tests, combos, reps, ctk, ctv, flash_attn, place) -> list[di
     rows = []
     for model in local:
         info = read_gguf(model.path)
-        for n_threads, n_batch, ngl in combos:
+        for (n_threads, n_batch, ngl), (ctk, ctv, flash_attn) in itertools.product(combos, kvs):
             load = replace(o.load_settings(n_ctx, n_threads, str(ngl), flash_attn), n_batch=n_batch, type_k=ctk, type_v=ctv,
                            placement=place)
             done: list[tuple[int, dict]] = []
