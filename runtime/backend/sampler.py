@@ -84,7 +84,8 @@ class Sampler:
         C.llama_sampler_apply(self.ptr, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             raise BackendError("llama.cpp's sampler chain selected no token")
-        left = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte)), shape=(arr.size * 12,))
+        size = arr.size * ctypes.sizeof(C.llama_token_data)
+        left = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_byte)), shape=(size,))
         left = left.view(cells.dtype)
         token = int(left["id"][arr.selected])
         z = left["logit"].astype(np.float64)
