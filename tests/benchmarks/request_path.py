@@ -6,7 +6,7 @@ so a busy machine's drift hits both alike:
 
   http  an OpenAI chat body as the runner receives it (bytes) to the engine request its
         first decode takes: parse_json, the field checks, the template and the tokenizer
-        (wire/fields.parse_json -> openai_api.parse_chat -> openai_api.to_request), on a
+        (wire/fields.parse_json -> openai_api.parse_chat -> runtime/intake.to_request), on a
         warm engine of the synthetic model, in-process, 400 calls a repetition
   cli   `tallow run MODEL "hi" -n 1` as a shell runs it: start-up, flags, the model's
         opening and the first decode (one token)
@@ -14,9 +14,10 @@ so a busy machine's drift hits both alike:
 Each revision runs from a tree laid out as the installed package (links to its folders, as
 .ci/lint lays them out), on this environment's dependencies, its modules compiled first as
 pip compiles an installed package's (else each run would pay for compiling whatever file a
-change touched, which no installed tallow does). Prints each round's ratio
-(after / before), the median ratio and its spread; exits 1 when a median ratio is over
---target (1.0: never slower; a machine's noise shows in the spread).
+change touched, which no installed tallow does). Judged by the paired harness
+(tests/benchmarks/paired.py): each round's ratio (after / before), the median and the
+middle half of the rounds, the load; exits 1 when the middle half is over --target (1.0:
+never slower), 3 when the target lies inside it after the most rounds (inconclusive).
 
     python tests/benchmarks/request_path.py --before f212b61 [--rounds 7] [--target 1.0]
 """
@@ -37,6 +38,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.paired import Comparison, compare, exit_code  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -132,25 +134,13 @@ def main() -> int:
     cli_s(envs["after"], model, 1)  # calibrate the machine once, outside the figures
     (work / "home-before").mkdir(exist_ok=True)
     (work / "home-before" / "machine.json").write_bytes((work / "home-after" / "machine.json").read_bytes())
-    ratios: dict[str, list[float]] = {"http": [], "cli": []}
-    for i in range(args.rounds):
-        got: dict[str, dict[str, float]] = {}
-        order = ("before", "after") if i % 2 == 0 else ("after", "before")
-        for name in order:
-            got[name] = {"http": http_us(envs[name], model, args.reps), "cli": cli_s(envs[name], model, args.cli_reps)}
-        for kind in ratios:
-            ratios[kind].append(got["after"][kind] / got["before"][kind])
-        print(f"round {i + 1}: http {got['before']['http']:.0f} -> {got['after']['http']:.0f} us "
-              f"({ratios['http'][-1]:.3f}x), cli {got['before']['cli']:.3f} -> {got['after']['cli']:.3f} s "
-              f"({ratios['cli'][-1]:.3f}x)", flush=True)
-    failed = False
-    for kind, values in ratios.items():
-        median = statistics.median(values)
-        ok = median <= args.target
-        failed |= not ok
-        print(f"{kind}: after/before median {median:.3f}x (rounds {min(values):.3f}-{max(values):.3f}x), "
-              f"target <= {args.target:.2f}x: {'ok' if ok else 'MISSED'}")
-    return 1 if failed else 0
+    arm_env = {"reference": envs["before"], "subject": envs["after"]}
+    print(f"reference: {args.before}; subject: this checkout", flush=True)
+    verdicts = [compare(Comparison("http", lambda arm: http_us(arm_env[arm], model, args.reps), args.target,
+                                   rounds=args.rounds, unit=" us")),
+                compare(Comparison("cli", lambda arm: cli_s(arm_env[arm], model, args.cli_reps), args.target,
+                                   rounds=args.rounds, unit=" s"))]
+    return exit_code(verdicts)
 
 
 if __name__ == "__main__":
