@@ -59,7 +59,7 @@ class Profile:
     probed: bool  # a child tried the repacked kernels
     timings: dict | None = None  # {"on"|"off": {decode_0, decode_deep, prefill_0, prefill_deep}} seconds/token
     timing_error: str = ""  # why there are no timings
-    spread: dict | None = None  # per mode and measurement: the median's excess over the minimum (the noise)
+    spread: dict | None = None  # per mode and measurement: the second best round's excess over the best (the noise)
     load: float | None = None  # the machine's 1-minute load average as the calibration began
     busy: bool = False  # ... over BUSY of its CPUs: the timings are kept, but not acted on
     calibrated_at: float = field(default_factory=time.time)
