@@ -3,8 +3,9 @@
 A chat turn deep in a conversation: `tallow bench -p 128 -n 128 -d 2048` with every
 setting at its default (flash attention "auto" is tallow's calibrated choice for a
 context that fills, as a chat's does), against `llama-bench -p 128 -n 128 -d 2048` with
-its defaults (flash attention auto, which llama.cpp turns on for the CPU). Alternating,
-fresh processes, median of --reps.
+its defaults (flash attention auto, which llama.cpp turns on for the CPU; `--repack 0`
+only where tallow's calibration found the repacked kernels crash, as llama-bench then
+does). Alternating, fresh processes, median of --reps.
 
 Targets: decode at depth 2,048 >= 1.5x llama-bench's; prefill >= 0.95x. Exits 1 when one
 is missed.
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
-    from benchmarks.llamabench import run_llama_bench, setup, tallow
+    from benchmarks.llamabench import repack_args, run_llama_bench, setup, tallow
     from tallow.models.resolve import locate
     from tallow.models.store import Store
 
@@ -38,7 +39,7 @@ def main() -> int:
         rows = json.loads(out)
         chosen.update(r["flash_attn"] for r in rows)
         ours.append((rows[0]["avg_ts"], rows[1]["avg_ts"]))
-        lb = run_llama_bench(binary, path, "-p", "128", "-n", "128", "-d", "2048", "-r", "2")
+        lb = run_llama_bench(binary, path, "-p", "128", "-n", "128", "-d", "2048", "-r", "2", *repack_args(home))
         theirs.append((lb[0]["avg_ts"], lb[1]["avg_ts"]))
     med = statistics.median
     pp, tg = med(x[0] for x in ours), med(x[1] for x in ours)

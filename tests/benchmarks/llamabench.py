@@ -60,6 +60,17 @@ def llama_tool(target: str, explicit: str | None = None, flavour: str = "", cmak
     return out
 
 
+def repack_args(home: Path) -> list[str]:
+    """`--repack 0` where tallow's calibration in `home` found llama.cpp's repacked kernels
+    crash (AMX on some Xeons: llama-bench itself dies there by SIGSEGV), so both sides run the
+    weights in the same layout; nothing elsewhere, where llama-bench keeps its default."""
+    try:
+        profiles = json.loads((home / "machine.json").read_text())["profiles"].values()
+    except (OSError, ValueError, KeyError):
+        return []
+    return ["--repack", "0"] if any(not p.get("repack", True) for p in profiles) else []
+
+
 def run_llama_bench(binary: Path, model: Path, *args: str) -> list[dict]:
     """llama-bench's JSON rows (avg_ts per test)."""
     done = subprocess.run([str(binary), "-m", str(model), "-o", "json", *args], capture_output=True, text=True)
