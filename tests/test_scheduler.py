@@ -67,6 +67,24 @@ def test_deterministic_answers_do_not_depend_on_the_batch(det):
     assert det.busy_slots == 0
 
 
+def test_deterministic_answers_are_the_same_with_lookup_drafts(det):
+    # A drafted step verifies several rows in one call; deterministic mode decodes a plain
+    # step as two rows too (and never repacks), so every row takes the same kernels: the
+    # log-probabilities agree to the last bit, not just the tokens.
+    from tallow.runtime.scheduling.scheduler import load_settings_for
+
+    assert load_settings_for(LoadSettings(repack=True), SchedulerSettings(deterministic=True)).repack is False
+    text = "the cat sat on the mat. the dog sat on the log. " * 8
+    drafted = 0
+    for i in range(3):
+        tokens = det.engine.tokenize(f"{text} story {i}:")
+        plain = stream_of(det.submit(Request(tokens, 120, sampling=GREEDY, ignore_eos=True, logprobs=0)))
+        fast = stream_of(det.submit(Request(tokens, 120, sampling=GREEDY, ignore_eos=True, logprobs=0, draft="lookup")))
+        assert fast[0] == plain[0] and fast[1] == plain[1]
+        drafted += fast[2].usage.draft_tokens
+    assert drafted > 0
+
+
 def test_default_mode_batches_differ_in_the_last_bits(synth_model):
     """Why deterministic mode exists: with the shared KV buffer and mixed batch sizes, the same
     request's logits change with the company it keeps (if this starts to pass with equal
