@@ -100,3 +100,33 @@ def test_scheduler_slots_draft_from_what_other_slots_wrote(alphabet_model):
     assert first[0] == second[0] == other[0] == string.ascii_lowercase[:20]
     assert first[1].usage.draft_tokens == 0 and second[1].usage.accepted_tokens >= 12
     assert other[1].usage.draft_tokens == 0
+
+
+@pytest.mark.slow
+def test_serve_drafts_from_the_same_keys_answers_only(alphabet_model, tmp_path):
+    # the tenant is the API key's name, set by serve's front: one key's answers never draft another's
+    openai = pytest.importorskip("openai")
+    from helpers.processes import run_tallow
+    from helpers.server import Server
+
+    keys = {}
+    for name in ("alice", "bob"):
+        made = run_tallow(["keys", "create", name], home=tmp_path)
+        assert made.returncode == 0, made.stderr.decode()
+        keys[name] = made.stdout.decode().strip()
+    server = Server(alphabet_model, tmp_path, "--auth", "keys")
+    try:
+        def complete(key: str, prompt: str):
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key=keys[key], max_retries=0, timeout=60)
+            r = client.completions.create(model=alphabet_model.name, prompt=prompt, max_tokens=20, temperature=0,
+                                          extra_body={"draft": "lookup"})
+            return r.choices[0].text, r.usage.model_extra or {}
+
+        first, seen = complete("alice", "hello\n")
+        again, used = complete("alice", "world\n")
+        other, unseen = complete("bob", "world\n")
+    finally:
+        server.close()
+    assert first == again == other == string.ascii_lowercase[:20]
+    assert seen.get("draft_tokens", 0) == 0 and unseen.get("draft_tokens", 0) == 0
+    assert used["accepted_tokens"] >= 12
