@@ -6,7 +6,7 @@ from typing import Callable
 
 from tallow.models.gguf_file import read_gguf
 from tallow.models.resolve import LocalModel
-from tallow.quantize.evaluate import EvalResult, decode_speed, evaluate, shipped_text
+from tallow.quantize.evaluate import EvalResult, decode_speed, eval_settings, evaluate, shipped_text
 from tallow.runtime.types import LoadSettings
 
 
@@ -19,7 +19,7 @@ def compare_models(models: list[LocalModel], load: LoadSettings, text: str | Non
     `load`'s own (f16), which is then the base: a row per model at those types."""
     from dataclasses import replace
 
-    load = replace(load, n_ctx=n_ctx)
+    load = eval_settings(load, n_ctx)
     entries = [(m, load, m.name) for m in models]
     if kv is not None:
         quantized = replace(load, type_k=kv[0], type_v=kv[1])

@@ -3,18 +3,21 @@
 Perplexity follows llama.cpp's perplexity tool exactly: the whole text is tokenized as that
 tool does (with BOS in front when the model adds one), cut into windows of the context size,
 the first token of each window replaced by BOS (when the model adds one), and only each
-window's second half scored, so every scored token has at least half a window of context.
+window's second half scored, so every scored token has at least half a window of context;
+the windows evaluated together in the tool's default batch (`windows_per_batch`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.resources import files
 from typing import Callable
 
 from tallow.quantize.errors import QuantizeError
+
+LLAMA_PERPLEXITY_BATCH = 2048  # llama-perplexity's default -b: the windows it evaluates together fill it
 
 
 def shipped_text() -> str:
@@ -39,7 +42,8 @@ class EvalResult:
     type_k: str = "f16"  # the settings it was evaluated with: each moves the figure
     type_v: str = "f16"
     flash_attn: str = "on"
-    n_batch: int = 512  # and the micro-batch: the same
+    n_batch: int = 512  # the micro-batch: the most rows one call evaluates
+    windows_per_batch: int = 1  # evaluated together, an equal share of each per call (windows_per_batch)
     repacked: bool = False
     gpu_layers: int = 0
 
@@ -72,6 +76,20 @@ def windows(tokens: list[int], n_ctx: int, max_windows: int | None, bos: int | N
             w = [bos] + w[1:]
         out.append(w)
     return out
+
+
+def windows_per_batch(n_ctx: int) -> int:
+    """How many windows are evaluated together: as many as fill llama-perplexity's default
+    batch (-b 2048), each in a sequence with a KV stream of its own. Its flash-attention
+    kernels see an equal share of each window per call, and round a little differently from
+    one window at a time (0.01-0.02% of perplexity), so tallow takes the same shape."""
+    return max(1, LLAMA_PERPLEXITY_BATCH // n_ctx)
+
+
+def eval_settings(load, n_ctx: int):
+    """The context `evaluate` needs for windows of n_ctx: a sequence and a stream per window of a batch."""
+    group = windows_per_batch(n_ctx)
+    return replace(load, n_ctx=n_ctx * group, n_seq_max=group, kv_unified=False)
 
 
 def _log_softmax(logits):
@@ -111,18 +129,23 @@ def evaluate(engine, name: str, text: str, n_ctx: int, max_windows: int | None =
     bos = engine.model.bos if engine.model.add_bos else None
     wins = windows(tokens, n_ctx, max_windows, bos)
     nlls, klds, agree = [], [], []
-    for k, w in enumerate(wins):
-        nll, logp = score_window(engine.logits_for(w), w)
-        nlls.append(nll)
-        if base is not None:
-            _, base_logp = score_window(base.logits_for(w), w)
-            p = np.exp(base_logp)
-            klds.append((p * (base_logp - logp)).sum(axis=1))
-            agree.append(base_logp.argmax(axis=1) == logp.argmax(axis=1))
+    group = min(windows_per_batch(n_ctx), engine.n_seq_max, base.n_seq_max if base is not None else engine.n_seq_max)
+    for first in range(0, len(wins), group):
+        batch = wins[first:first + group]
+        theirs = base.window_logits(batch) if base is not None else [None] * len(batch)
+        for w, logits, base_logits in zip(batch, engine.window_logits(batch), theirs):
+            nll, logp = score_window(logits, w)
+            nlls.append(nll)
+            if base_logits is not None:
+                _, base_logp = score_window(base_logits, w)
+                p = np.exp(base_logp)
+                klds.append((p * (base_logp - logp)).sum(axis=1))
+                agree.append(base_logp.argmax(axis=1) == logp.argmax(axis=1))
         if on_progress:
-            on_progress(k + 1, len(wins))
+            on_progress(first + len(batch), len(wins))
     mean, se = _mean_se(np.concatenate(nlls))
-    result = EvalResult(name, n_ctx, len(wins), sum(len(n) for n in nlls), math.exp(mean), math.exp(mean) * se)
+    result = EvalResult(name, n_ctx, len(wins), sum(len(n) for n in nlls), math.exp(mean), math.exp(mean) * se,
+                        windows_per_batch=group)
     if base is not None:
         result.kld, result.kld_se = _mean_se(np.concatenate(klds))
         result.top1 = float(np.concatenate(agree).mean())

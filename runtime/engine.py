@@ -16,6 +16,7 @@ from typing import Sequence as Seq
 
 from tallow.models.convert.bert_import import POOLING
 from tallow.runtime.adapters import Adapters
+from tallow.runtime.drafting.recall import Recall
 from tallow.runtime.drafting.speculative import LookupDrafter
 from tallow.runtime.errors import ContextOverflow, DraftError
 from tallow.runtime.host.threads import Governor, Registry, physical_cores, thread_rule
@@ -105,7 +106,7 @@ class Engine:
             self.governor.close()
             self.model.close()
             raise
-        self.n_ctx = self.ctx.n_ctx
+        self.n_ctx, self.n_seq_max = self.ctx.n_ctx, settings.n_seq_max  # cells in all; sequences at once
         self.n_batch = self.ctx.n_batch
         # what the user should hear about this load: a context shrunk to fit, rounded, too long
         self.notes = [self.fit_note] if self.fit_note else []
@@ -120,6 +121,7 @@ class Engine:
             self.close()
             raise
         self.sequence = Sequence(self.ctx, _SEQ)  # a scheduler makes its own, one per slot
+        self.recall = Recall(settings.recall)  # what earlier requests read and wrote, for lookup drafts
         self._template = None
         self._settings = settings
         self.disk: DiskPrefixes | None = None  # the disk prompt cache, once attached
@@ -233,7 +235,9 @@ class Engine:
             persona = self._settings.persona
             messages, cache_prefixes = framed(messages, persona), [framed(p, persona) for p in cache_prefixes]
         kw_messages = messages
-        messages, template_tools, kw = self._with_tools(messages, tools, template, markers, kw)
+        from tallow.runtime.tools.constrain import with_tools
+
+        messages, template_tools, kw = with_tools(messages, tools, template, markers, kw)
         if template_tools is not None or messages is not kw_messages:  # prefixes render as the prompt does
             from tallow.runtime.tools.choice import prepare
 
@@ -252,25 +256,6 @@ class Engine:
             points.append(common_prefix(rendered, tokens))
         return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points),
                        media=spans, **kw)
-
-    @staticmethod
-    def _with_tools(messages, tools, template, markers, kw):
-        """Messages and template tools for a tool choice, and its grammar in the request."""
-        from tallow.runtime.tools.choice import prepare
-        from tallow.runtime.tools.constrain import constrain
-
-        if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            return messages, None, kw
-        messages, template_tools = prepare(messages, tools, template.source if template else None)
-        if tools is not None:
-            grammar, lazy = constrain(tools, markers)
-            if grammar is not None or lazy is not None:
-                if kw.get("grammar"):
-                    from tallow.runtime.errors import GrammarError
-
-                    raise GrammarError("a tool choice and a response format cannot both constrain one answer")
-                kw = {**kw, "grammar": grammar, "lazy_grammar": lazy}
-        return messages, template_tools, kw
 
     def _render_prefix(self, messages: list[dict[str, Any]], raw: bool, tools: list | None = None) -> list[int]:
         template = None if raw else self.chat_template()
@@ -443,9 +428,10 @@ class Engine:
         """The request's drafter, for the engine's and the scheduler's decode loops alike;
         its usage names what drafts."""
         request = run.request
-        if request.draft == "lookup":
+        if request.draft == "lookup":  # a prediction is the only source it drafts from
             run.usage.draft = "prediction" if request.prediction else "lookup"
-            return LookupDrafter(text_only(request.prompt_tokens), request.prediction)
+            memory = None if request.prediction else self.recall.memory(request.tenant)
+            return LookupDrafter(text_only(request.prompt_tokens), request.prediction, memory, run.usage)
         if request.draft == "model" and self.drafts is not None:
             run.usage.draft = self.drafts.name
             return self.drafts.drafter(seq_id, text_only(request.prompt_tokens))
@@ -454,18 +440,29 @@ class Engine:
     def logits_for(self, tokens: list[int]):
         """Logits at every position of `tokens`, evaluated from an empty cache (for perplexity
         and KL divergence): a (len(tokens), n_vocab) float32 array."""
+        return self.window_logits([tokens])[0]
+
+    def window_logits(self, windows: list[list[int]]) -> list:
+        """Each window's logits at every position, the windows evaluated together from an
+        empty cache, one sequence each (a context for that many), as llama-perplexity does:
+        each call takes an equal share of the batch from every window, as llama.cpp splits a
+        batch of several sequences with a KV stream each."""
         import numpy as np
 
-        if len(tokens) > self.n_ctx:
-            raise ContextOverflow(f"{len(tokens)} tokens do not fit in the context of {self.n_ctx}")
+        seqs = self.n_seq_max
+        if len(windows) > seqs or max(map(len, windows)) > self.n_ctx // seqs:
+            raise ContextOverflow(f"{len(windows)} windows of {max(map(len, windows))} tokens do not fit in a "
+                                  f"context of {self.n_ctx} for {seqs} sequences")
         self.reset()
-        rows = []
-        for i in range(0, len(tokens), self.n_batch):
-            chunk = tokens[i:i + self.n_batch]
-            self.ctx.decode(chunk, i, _SEQ, all_logits=True)
-            rows.append(self.ctx.logits(len(chunk), self.model.n_vocab))
+        rows: list[list] = [[] for _ in windows]
+        share = max(1, self.n_batch // len(windows))
+        for start in range(0, max(map(len, windows)), share):
+            entries = [(w[p], p, j, True) for j, w in enumerate(windows) for p in range(start, min(len(w), start + share))]
+            self.ctx.decode_batch(entries)
+            for (_, _, j, _), row in zip(entries, self.ctx.logits(len(entries), self.model.n_vocab)):
+                rows[j].append(row)
         self.reset()
-        return np.concatenate(rows)
+        return [np.stack(r) for r in rows]
 
     def reset(self) -> None:
         """Forget every cached token (the next prompt is evaluated in full)."""

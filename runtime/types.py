@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tallow.common.fields import default
+from tallow.runtime.drafting.recall import BUDGET as RECALL_BUDGET
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class LoadSettings:
     draft: tuple[Path, ...] = ()  # a draft model's files, for speculative decoding (runtime/drafting/draft_model.py)
     draft_limits: DraftLimits = DraftLimits()
     draft_name: str | None = None  # the draft model's name, as reports show it (None: its file's)
+    recall: int = RECALL_BUDGET  # tokens of earlier requests remembered per tenant for lookup drafts; 0: none (runtime/drafting/recall.py)
     persona: Persona = Persona()  # a created model's system prompt, few-shot turns and template
     loras: tuple[LoraSpec, ...] = ()  # LoRA adapters, by id (their order): runtime/adapters.py
 

@@ -1,5 +1,5 @@
 """tallow eval gives the same figure every time: every setting that moves it is pinned
-(flash attention, KV types, batch and micro-batch, no repacked weights), shown in its output
+(flash attention, KV types, windows per batch and call size, no repacked weights), shown in its output
 and JSON, and not taken from this machine's calibration. (Agreement with llama-perplexity
 at the same settings, to four decimals, is tests/benchmarks/perplexity.py: it builds the tool.)"""
 
@@ -26,12 +26,12 @@ def evaluated(model, home, *args) -> dict:
 
 def test_the_settings_are_pinned_and_reported(bos_model, tmp_path):
     row = evaluated(bos_model, tmp_path)
-    assert (row["flash_attn"], row["n_batch"], row["repacked"], row["type_k"], row["type_v"]) == \
-        ("on", 128, False, "f16", "f16")
+    assert (row["flash_attn"], row["n_batch"], row["windows_per_batch"], row["repacked"], row["type_k"],
+            row["type_v"]) == ("on", 512, 16, False, "f16", "f16")  # llama-perplexity's -b 2048 holds 16 windows
     text = run_tallow(["eval", str(bos_model), "--ctx", "128", "--chunks", "3"], home=tmp_path).stdout.decode()
     assert f"perplexity {row['ppl']:.4f}" in text
-    assert "(flash attention on, batch and micro-batch 128, repacked weights off, 0 layers on a GPU, KV cache f16/f16)" \
-        in text
+    assert ("(flash attention on, 16 windows a batch in calls of 512, repacked weights off, 0 layers on a GPU, "
+            "KV cache f16/f16)") in text
 
 
 def test_each_flash_attention_setting_gives_one_figure(bos_model, tmp_path):

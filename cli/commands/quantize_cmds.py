@@ -193,7 +193,8 @@ def _print_results(results, as_json: bool, table: bool) -> None:
         sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
         return
     base = results[0]
-    settings = (f"flash attention {base.flash_attn}, batch and micro-batch {base.n_batch}, repacked weights "
+    settings = (f"flash attention {base.flash_attn}, {base.windows_per_batch} windows a batch in calls of "
+                f"{base.n_batch}, repacked weights "
                 f"{'on' if base.repacked else 'off'}, {base.gpu_layers} layers on a GPU")
     if not table:
         r = base

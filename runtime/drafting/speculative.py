@@ -11,6 +11,8 @@ separate decodes.
 
 from __future__ import annotations
 
+from tallow.runtime.drafting.recall import Memory
+
 MAX_NGRAM = 4
 MIN_NGRAM = 3
 MAX_DRAFT = 8
@@ -49,19 +51,35 @@ class NgramIndex:
 
 class LookupDrafter:
     """One request's drafts: the tokens that followed the latest occurrence of its last few
-    tokens. On a CPU a batch of k tokens costs much more than one, so the draft length
-    adapts: it doubles while every guess holds and halves after a miss."""
+    tokens, in its own prompt and output, else in the model's memory of earlier requests
+    (runtime/drafting/recall.py), which it adds its own to. On a CPU a batch of k tokens
+    costs much more than one, so the draft length adapts: it doubles while every guess
+    holds and halves after a miss."""
 
-    def __init__(self, prompt: list[int], prediction: tuple[int, ...] | list[int] = ()) -> None:
+    def __init__(self, prompt: list[int], prediction: tuple[int, ...] | list[int] = (),
+                 memory: Memory | None = None, usage=None) -> None:
         self.index = NgramIndex(prompt)
         # A predicted answer is where drafts come from instead: it follows the prompt's last
         # tokens, so its own index starts with them and drafts from its first token on.
         self.reference = NgramIndex([*prompt[-MAX_NGRAM:], *prediction]) if prediction else None
         self.limit = START_DRAFT
+        self.memory, self.usage = memory, usage  # usage: its cached_tokens, known once the prompt is
+        self.record = memory.open() if memory is not None else 0
+        self.recorded = False  # the prompt's evaluated part is in the memory
 
     def extend(self, tokens) -> None:
+        tokens = list(tokens)
         for t in tokens:
             self.index.append(t)
+        memory = self.memory
+        if memory is None:
+            return
+        if not self.recorded:  # what the prompt evaluated: the cached part came from a request remembered before
+            self.recorded = True
+            cached = (self.usage.cached_tokens or 0) if self.usage is not None else 0
+            prompt = len(self.index.tokens) - len(tokens)
+            memory.append(self.record, self.index.tokens[min(cached, prompt):prompt])
+        memory.append(self.record, tokens)
 
     def propose(self, room: int) -> list[int]:
         if room <= 0:
@@ -69,7 +87,10 @@ class LookupDrafter:
         limit = min(self.limit, room)
         if self.reference is not None:  # drafts from the prediction alone, so usage counts what it gave
             return self.reference.continuation(self.index.tokens, limit)
-        return self.index.propose(limit)
+        found = self.index.propose(limit)
+        if not found and self.memory is not None:
+            found = self.memory.continuation(self.index.tokens, limit)
+        return found
 
     def outcome(self, accepted: int, proposed: int) -> None:
         if accepted < proposed:

@@ -38,11 +38,14 @@ from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSet
 def load_settings_for(load: LoadSettings, sched: SchedulerSettings) -> LoadSettings:
     """The context a scheduler needs: a sequence per slot, each with a KV stream of its own
     (measured faster than one shared buffer at every N >= 2 here), or one unified buffer;
-    deterministic mode adds flash attention (which skips other sequences' cells exactly)."""
+    deterministic mode adds flash attention (which skips other sequences' cells exactly) and
+    plain weight layouts: a repacked matrix multiplies a call's rows four at a time with one
+    kernel and the rest with another, so a row's rounding would depend on its place."""
     if sched.parallel < 1:
         raise ValueError("parallel must be at least 1")
     if sched.deterministic:  # and a fixed thread count: nothing about the kernels changes mid-run
-        return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on", adapt_threads=False)
+        return replace(load, n_seq_max=sched.parallel, kv_unified=False, flash_attn="on", adapt_threads=False,
+                       repack=False)
     return replace(load, n_seq_max=sched.parallel, kv_unified=sched.kv_unified)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tallow.runtime.errors import GrammarError
-from tallow.runtime.tools.choice import Tool, ToolChoice
+from tallow.runtime.tools.choice import Tool, ToolChoice, prepare
 from tallow.runtime.tools.envelope import CallGrammar, literal
 from tallow.runtime.tools.formats import family
 
@@ -86,3 +86,18 @@ def constrain(choice: ToolChoice | None, reasoning: tuple[str, str] | None = Non
         return text, None
     check_gbnf(g.after(""))
     return None, LazyGrammar(family(choice.format).marker, g, reasoning)
+
+
+def with_tools(messages, tools: ToolChoice | None, template, markers, kw: dict[str, Any]):
+    """A request's messages and template tools for a tool choice, and the grammar of its
+    calls in the request's keywords (the engine's `request`)."""
+    if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        return messages, None, kw
+    messages, template_tools = prepare(messages, tools, template.source if template else None)
+    if tools is not None:
+        grammar, lazy = constrain(tools, markers)
+        if grammar is not None or lazy is not None:
+            if kw.get("grammar"):
+                raise GrammarError("a tool choice and a response format cannot both constrain one answer")
+            kw = {**kw, "grammar": grammar, "lazy_grammar": lazy}
+    return messages, template_tools, kw

