@@ -24,9 +24,21 @@ if TYPE_CHECKING:
 KEY = ("model_filename", "test", "n_threads", "n_batch", "n_gpu_layers", "type_k", "type_v", "flash_attn")
 
 
+def _items(value: str) -> list[str]:
+    """A comma-separated list's items, as llama-bench takes every parameter."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _words(value: str, flag: str) -> list[str]:
+    got = _items(value)
+    if not got:
+        raise typer.BadParameter("give one or more values, comma-separated", param_hint=flag)
+    return got
+
+
 def _ints(value: str, flag: str, minimum: int = 0, maximum: int = 10_000_000) -> list[int]:
     try:
-        out = [int(v) for v in value.split(",") if v.strip()]
+        out = [int(v) for v in _items(value)]
     except ValueError:
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise typer.BadParameter(f"{shown!r} is not a comma-separated list of whole numbers", param_hint=flag) from None
@@ -36,7 +48,7 @@ def _ints(value: str, flag: str, minimum: int = 0, maximum: int = 10_000_000) ->
 
 
 def _layer_choices(value: str) -> list[str]:
-    return [o.parse_gpu_layers(v) for v in value.split(",") if v.strip()] or [o.parse_gpu_layers("")]
+    return [o.parse_gpu_layers(v) for v in _items(value)] or [o.parse_gpu_layers("")]
 
 
 class LocalBench(FlagGroup):
@@ -59,14 +71,8 @@ class LocalBench(FlagGroup):
     def kv_settings(self) -> list[tuple[str, str, str]]:
         """Every combination of the K and V cache types and flash attention asked for, each
         checked (a quantized V cache turns "auto" on), without repeats."""
-        def words(value: str, flag: str) -> list[str]:
-            got = [v.strip() for v in value.split(",") if v.strip()]
-            if not got:
-                raise typer.BadParameter("give one or more values, comma-separated", param_hint=flag)
-            return got
-
-        flash = [{"1": "on", "0": "off"}.get(v, v) for v in words(self.flash_attn, "-fa")]
-        combos = itertools.product(words(self.ctk, "--ctk"), words(self.ctv, "--ctv"), flash)
+        flash = [{"1": "on", "0": "off"}.get(v, v) for v in _words(self.flash_attn, "-fa")]
+        combos = itertools.product(_words(self.ctk, "--ctk"), _words(self.ctv, "--ctv"), flash)
         return list(dict.fromkeys(o.cache_types(k, v, fa) for k, v, fa in combos))
 
     def given(self) -> dict[str, bool]:
