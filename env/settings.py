@@ -48,6 +48,10 @@ TEST_PROBE_TIMEOUT = "TALLOW_TEST_PROBE_TIMEOUT"
 # while the file MARKER does not exist, which the crash creates: the next runner lives), for
 # the crash-containment tests (docs/DESIGN.md, "Runners").
 TEST_RUNNER_CRASH = "TALLOW_TEST_RUNNER_CRASH"
+# ... and make a server measure the machine again sooner ("SECONDS": after that long with no
+# request, asking every second, whatever the load), or never ("off": the test suite's default,
+# so that one machine profile holds for the whole run) (docs/DESIGN.md, "Calibration").
+TEST_RECHECK = "TALLOW_TEST_RECHECK"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -122,6 +126,12 @@ def test_probe() -> tuple[str | None, float | None]:
     hook = os.environ.get(TEST_PROBE) or None
     timeout = os.environ.get(TEST_PROBE_TIMEOUT)
     return hook, float(timeout) if timeout else None
+
+
+def test_recheck() -> float | str | None:
+    """None: as for users; "off"; or the seconds of quiet the test asks for."""
+    raw = os.environ.get(TEST_RECHECK)
+    return None if not raw else "off" if raw == "off" else float(raw)
 
 
 def test_runner_crash(model: str) -> tuple[int, Path] | None:

@@ -28,6 +28,17 @@ def synth_engine(synth_model):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_recheck():
+    """Servers started with the caller's environment never measure the machine again mid-run
+    (tests/test_recheck.py asks for it where it tests it)."""
+    import os
+
+    os.environ["TALLOW_TEST_RECHECK"] = "off"
+    yield
+    os.environ.pop("TALLOW_TEST_RECHECK", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def machine_profile():
     """Calibrate this machine once, before any test: on a CPU whose repack probe fails, the
     one-line notice is said here, not in the middle of a test that reads stderr."""

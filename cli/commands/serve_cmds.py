@@ -122,6 +122,7 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
         pool, registry, names = _start_pool(models, base(history), per_model, private, pool_flags.max_models,
                                            pool_flags.budget(), keep, offline, aliases)
+        _start_recheck(pool, base(history).threads)
         try:
             replica = Replica()
             guard = listen.guard(names[0] if names else "", history)
@@ -130,6 +131,27 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
                         listen.drain_timeout, listen.header_timeout)
         finally:
             pool.close()
+
+
+def _start_recheck(pool, threads: int | None) -> None:
+    """Measure the machine again at a quiet moment when its calibration cannot be trusted
+    (runtime/calibration/recheck.py), on a thread of its own."""
+    import threading
+
+    from tallow.env.machine import probe_options
+    from tallow.runtime.calibration import machine
+    from tallow.runtime.calibration.recheck import EVERY_S, NICE, QUIET_S, Recheck
+
+    opts, path = replace(probe_options(threads), nice=NICE), settings.machine_cache()
+    hook = settings.test_recheck()
+    if hook == "off":
+        return
+    sooner = hook if isinstance(hook, float) else None  # a test's: that quiet, asked every second, any load
+    recheck = Recheck(lambda: machine.cached(path, opts), lambda: machine.remeasure(opts),
+                      lambda found: machine.keep(path, found), pool.activity,
+                      QUIET_S if sooner is None else sooner, load=(lambda: 0.0) if sooner is not None else None)
+    threading.Thread(target=recheck.run, args=(pool.closed, _log, EVERY_S if sooner is None else 1.0),
+                     name="tallow-recheck", daemon=True).start()
 
 
 def _started(pool, names: list[str], replica, sock: socket.socket, listen: ListenFlags) -> None:

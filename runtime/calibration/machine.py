@@ -134,13 +134,15 @@ class ProbeOptions:
     timeout_s: float = PROBE_TIMEOUT_S
     timing: bool = True  # measure flash attention
     rounds: int = 5  # of each flash-attention measurement (runtime/calibration/probe.py)
+    nice: int = 0  # the child's niceness: a server measuring again in the background yields to requests
 
 
-def run_child(args: dict, timeout_s: float) -> tuple[dict | None, str]:
+def run_child(args: dict, timeout_s: float, nice: int = 0) -> tuple[dict | None, str]:
     """Run the probe child (runtime/calibration/probe.py) on `args`: (its JSON result, or None and why)."""
+    lower = (lambda: os.nice(nice)) if nice else None
     try:
         proc = subprocess.run([sys.executable, "-m", "tallow.runtime.calibration.probe", json.dumps(args)], capture_output=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL, start_new_session=True)
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=lower)
     except subprocess.TimeoutExpired:
         return None, f"hung (killed after {timeout_s:g} s)"
     if proc.returncode < 0:
@@ -157,7 +159,7 @@ def run_child(args: dict, timeout_s: float) -> tuple[dict | None, str]:
 def _child(workdir: Path, extra_buffers: bool, opts: ProbeOptions, fault: str | None) -> tuple[dict | None, str]:
     args = {"task": "calibrate", "model": str(workdir / "calibration.gguf"), "threads": opts.threads,
             "extra_buffers": extra_buffers, "timing": opts.timing, "fault": fault, "rounds": opts.rounds}
-    result, why = run_child(args, opts.timeout_s)
+    result, why = run_child(args, opts.timeout_s, opts.nice)
     return result, (f"the probe {why}" if why else "")
 
 
@@ -260,11 +262,39 @@ def build_facts() -> dict:
     return facts
 
 
+def _full_facts(opts: ProbeOptions) -> dict:
+    return {**cpu_facts(), **build_facts(), "threads": opts.threads, "mode": opts.mode, "timing": opts.timing}
+
+
+def cached(path: Path, opts: ProbeOptions) -> Profile | None:
+    """The stored profile for this machine and these options, if there is one (no calibration)."""
+    found = _read(path).get("profiles", {}).get(key_of(_full_facts(opts)))
+    return Profile(**found) if found else None
+
+
+def remeasure(opts: ProbeOptions) -> Profile:
+    """A new calibration for this machine and these options, not stored (`keep` stores it)."""
+    from tallow.runtime.host.devices import extra_buffer_types
+
+    full = _full_facts(opts)
+    return calibrate(full, key_of(full), list(extra_buffer_types()), opts, lambda s: None)
+
+
+def keep(path: Path, found: Profile) -> None:
+    """Store a profile in the cache under its key, beside the others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        _lock(lock)
+        profiles = _read(path).get("profiles", {})
+        profiles[found.key] = found.to_dict()
+        _write(path, profiles)
+
+
 def profile(path: Path, opts: ProbeOptions, notice: Callable[[str], None] = lambda s: None,
             refresh: bool = False) -> Profile:
     """The cached profile for this machine, calibrating first when there is none for its key.
     Concurrent tallow processes calibrate once: the others wait on a lock, then read."""
-    full = {**cpu_facts(), **build_facts(), "threads": opts.threads, "mode": opts.mode, "timing": opts.timing}
+    full = _full_facts(opts)
     key = key_of(full)
     cached = _read(path).get("profiles", {}).get(key)
     if cached and not refresh:

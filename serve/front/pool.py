@@ -128,6 +128,8 @@ class Pool:
         self.closed = threading.Event()
         self.serial = 0
         self.crashes = 0  # runners that died without being stopped
+        self.acquired = 0  # requests (and loads) that took a runner, so far
+        self.quiet_since = time.monotonic()  # when the last one was released
         self.reaper = threading.Thread(target=self._reap, name="tallow-reaper", daemon=True)
         self.reaper.start()
 
@@ -143,6 +145,7 @@ class Pool:
                 if runner is None:
                     runner = self._start(name, pinned)
                 runner.inflight += 1
+                self.acquired += 1
                 waited = runner.state == "loading"
             runner.ready.wait()
             if runner.state == "ready":
@@ -161,13 +164,14 @@ class Pool:
             if runner is None or runner.state != "ready":
                 return None
             runner.inflight += 1
+            self.acquired += 1
             return runner
 
     def release(self, runner: Runner, keep_alive: float | None | str = "default") -> None:
         keep = self.settings.keep_alive if isinstance(keep_alive, str) else keep_alive  # "default"
         with self.lock:
             runner.inflight -= 1
-            runner.last_used = time.monotonic()
+            runner.last_used = self.quiet_since = time.monotonic()
             if keep_alive == "default" and runner.pinned:
                 return
             runner.pinned = False
@@ -186,6 +190,13 @@ class Pool:
             if runner.inflight == 0:
                 self._stop(runner, "unloaded")
             return True
+
+    def activity(self) -> tuple[float, int]:
+        """(seconds since a request was last in flight or a model loading, requests so far):
+        what a re-measurement of the machine waits on (runtime/calibration/recheck.py)."""
+        with self.lock:
+            busy = any(r.inflight or r.state == "loading" for r in self.runners.values())
+            return (0.0 if busy else time.monotonic() - self.quiet_since), self.acquired
 
     def loading(self) -> list[str]:
         """The models whose runners are starting now."""

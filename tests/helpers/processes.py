@@ -25,7 +25,8 @@ def tallow_env(home: Path, env: dict | None = None) -> dict:
     """The environment a test runs tallow in: no TALLOW_* of the caller's, this home, no colour."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
     # One machine profile for the whole run: calibration is once per machine, not per test home.
-    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(shared_home() / "machine.json")})
+    full_env.update({"TALLOW_HOME": str(home), "NO_COLOR": "1", "TALLOW_MACHINE_CACHE": str(shared_home() / "machine.json"),
+                     "TALLOW_TEST_RECHECK": "off"})  # the profile holds for the whole run: no server measures again
     full_env.update(env or {})
     return full_env
 
