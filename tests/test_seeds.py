@@ -36,7 +36,7 @@ def _routes(server):
     }
 
 
-def _busy(server, stop: threading.Event) -> threading.Thread:
+def _busy(server, stop: threading.Event) -> list[threading.Thread]:
     """Two other streams decoding for as long as `stop` is not set."""
     def run() -> None:
         client = server.client()
@@ -48,7 +48,7 @@ def _busy(server, stop: threading.Event) -> threading.Thread:
     threads = [threading.Thread(target=run, daemon=True) for _ in range(2)]
     for t in threads:
         t.start()
-    return threads[0]
+    return threads
 
 
 def test_a_seed_gives_one_answer_cold_warm_from_disk_and_beside_other_streams(default_model, tmp_path):
@@ -59,11 +59,13 @@ def test_a_seed_gives_one_answer_cold_warm_from_disk_and_beside_other_streams(de
         cold = {name: ask() for name, ask in routes.items()}
         warm = {name: ask() for name, ask in routes.items()}
         stop = threading.Event()
-        _busy(first, stop)
+        neighbours = _busy(first, stop)
         try:
             beside = {name: ask() for name, ask in routes.items()}
         finally:
             stop.set()
+            for t in neighbours:  # their streams end before the server does: no request meets its shutdown
+                t.join(timeout=120)
     finally:
         first.close()
     second = Server(default_model, home, "--parallel", "4")
