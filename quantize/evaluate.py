@@ -16,6 +16,7 @@ from importlib.resources import files
 from typing import Callable
 
 from tallow.quantize.errors import QuantizeError
+from tallow.runtime.errors import ContextOverflow
 
 LLAMA_PERPLEXITY_BATCH = 2048  # llama-perplexity's default -b: the windows it evaluates together fill it
 
@@ -132,8 +133,8 @@ def evaluate(engine, name: str, text: str, n_ctx: int, max_windows: int | None =
     group = min(windows_per_batch(n_ctx), engine.n_seq_max, base.n_seq_max if base is not None else engine.n_seq_max)
     for first in range(0, len(wins), group):
         batch = wins[first:first + group]
-        theirs = base.window_logits(batch) if base is not None else [None] * len(batch)
-        for w, logits, base_logits in zip(batch, engine.window_logits(batch), theirs):
+        theirs = window_logits(base, batch) if base is not None else [None] * len(batch)
+        for w, logits, base_logits in zip(batch, window_logits(engine, batch), theirs):
             nll, logp = score_window(logits, w)
             nlls.append(nll)
             if base_logits is not None:
@@ -163,3 +164,32 @@ def decode_speed(engine, n: int = 64) -> float:
              if isinstance(e, FinalEvent)][0]
     engine.reset()
     return final.timings.decode_tps or n / (time.perf_counter() - started)
+
+
+def logits_for(engine, tokens: list[int]):
+    """Logits at every position of `tokens`, evaluated from an empty cache: a
+    (len(tokens), n_vocab) float32 array."""
+    return window_logits(engine, [tokens])[0]
+
+
+def window_logits(engine, windows: list[list[int]]) -> list:
+    """Each window's logits at every position, the windows evaluated together from an empty
+    cache, one sequence each (a context for that many), as llama-perplexity does: each call
+    takes an equal share of the batch from every window, as llama.cpp splits a batch of
+    several sequences with a KV stream each."""
+    import numpy as np
+
+    seqs = engine.n_seq_max
+    if len(windows) > seqs or max(map(len, windows)) > engine.n_ctx // seqs:
+        raise ContextOverflow(f"{len(windows)} windows of {max(map(len, windows))} tokens do not fit in a "
+                              f"context of {engine.n_ctx} for {seqs} sequences")
+    engine.reset()
+    rows: list[list] = [[] for _ in windows]
+    share = max(1, engine.n_batch // len(windows))
+    for start in range(0, max(map(len, windows)), share):
+        entries = [(w[p], p, j, True) for j, w in enumerate(windows) for p in range(start, min(len(w), start + share))]
+        engine.ctx.decode_batch(entries)
+        for (_, _, j, _), row in zip(entries, engine.ctx.logits(len(entries), engine.model.n_vocab)):
+            rows[j].append(row)
+    engine.reset()
+    return [np.stack(r) for r in rows]

@@ -15,7 +15,7 @@ from typing import Callable
 from tallow.models.gguf_file import read_gguf
 from tallow.models.resolve import LocalModel
 from tallow.quantize.errors import QuantizeError
-from tallow.quantize.evaluate import shipped_text, text_tokens, windows
+from tallow.quantize.evaluate import logits_for, shipped_text, text_tokens, windows
 from tallow.runtime.types import LoadSettings
 
 
@@ -33,7 +33,7 @@ def compute_imatrix(model: LocalModel, text: str | None, n_ctx: int, max_chunks:
         tokens = text_tokens(engine, text if text is not None else shipped_text())  # as llama-imatrix does
         wins = windows(tokens, n_ctx, max_chunks, engine.model.bos if engine.model.add_bos else None)
         for k, w in enumerate(wins):
-            engine.logits_for(w)
+            logits_for(engine, w)
             if on_progress:
                 on_progress(k + 1, len(wins))
     if not stats.sums:

@@ -136,6 +136,9 @@ class Engine:
         if settings.embeddings:
             raise DraftError("a draft model drafts answers, and an embedding model writes none",
                              "serve the draft with a model that generates text")
+        if not self.ctx.rewinds:
+            raise DraftError(f"{self.path.name} has recurrent layers, whose state cannot drop a rejected guess",
+                             "run it without a draft model")
         from tallow.runtime.backend import ContextParams
         from tallow.runtime.drafting.draft_model import load_draft
 
@@ -250,12 +253,15 @@ class Engine:
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
             inside = opens_reasoning(tail, markers)
-        points = []  # where a cached prefix ends: only a disk cache saves them
-        for prefix in cache_prefixes if self.disk is not None else ():
-            rendered = self._render_prefix(prefix, raw, template_tools)
-            points.append(common_prefix(rendered, tokens))
-        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, cache_points=tuple(points),
-                       media=spans, **kw)
+        # Where a cached prefix ends (only a disk cache saves them) and, for a cache that cannot
+        # be cut back, where the last turn begins too: the sequence keeps a checkpoint at each.
+        rewinds = self.ctx.rewinds
+        ends = [common_prefix(self._render_prefix(prefix, raw, template_tools), tokens)
+                for prefix in [*cache_prefixes, *([] if rewinds or len(messages) < 2 else [messages[:-1]])]
+                if self.disk is not None or not rewinds]
+        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, media=spans,
+                       cache_points=tuple(ends[:len(cache_prefixes)] if self.disk is not None else ()),
+                       turns=() if rewinds else tuple(ends), **kw)
 
     def _render_prefix(self, messages: list[dict[str, Any]], raw: bool, tools: list | None = None) -> list[int]:
         template = None if raw else self.chat_template()
@@ -335,7 +341,7 @@ class Engine:
         seq, key = self.sequence, self.adapters.claim(self.sequence, run.request.lora)
         self.adapters.apply(key)
         disk = self.disk if self.adapters.disk_ok(key) else None
-        cached, points = begin_request(seq, run, disk, sampler)
+        cached, stops = begin_request(seq, run, disk, sampler)
         todo = prompt[cached:]
         # A prompt that will be saved to disk gets its last token evaluated alone, as a later
         # run that loads the saved state must: llama.cpp's logits differ in the last bits
@@ -343,13 +349,14 @@ class Engine:
         split = disk is not None and disk.saves_prompt(run.request)
         body = todo[: len(todo) - split] if todo else todo
         spans = {s.start: s for s in run.request.media}
-        ends = cuts({*range(cached + self.n_batch, cached + len(body), self.n_batch), *points, cached + len(body)},
+        ends = cuts({*range(cached + self.n_batch, cached + len(body), self.n_batch), *stops.all(), cached + len(body)},
                     run.request.media, cached, cached + len(body))
         chunks = [prompt[a:b] for a, b in zip([cached, *ends], ends) if b > a]
         if split and todo:
             chunks.append(todo[-1:])
         # Chunks of n_batch keep Ctrl-C responsive during a long prefill and bound memory; a
-        # chunk also ends at each cache point not on disk yet, which is saved right there.
+        # chunk also ends at each cache point not on disk yet, which is saved right there (and
+        # at each checkpoint a recurrent state keeps: Stops).
         # A media chunk is evaluated through the projector, as one chunk of its own.
         for n, chunk in enumerate(chunks):
             span = spans.get(len(seq.kv))
@@ -360,9 +367,7 @@ class Engine:
                 seq.kv.extend(chunk)
             if run.request.progress:
                 yield run.progress(len(seq.kv))
-            while points and len(seq.kv) >= points[0]:
-                assert disk is not None  # cache points come from the disk cache
-                disk.save_point(seq, run.request, points.pop(0))
+            stops.reached()
 
     def _evaluate_media(self, run: OutputStream, span) -> int:
         """Encode a media chunk and evaluate it into the sequence; returns the next position."""
@@ -428,6 +433,8 @@ class Engine:
         """The request's drafter, for the engine's and the scheduler's decode loops alike;
         its usage names what drafts."""
         request = run.request
+        if not self.ctx.rewinds:  # a recurrent state cannot drop rejected guesses: plain decoding
+            return None
         if request.draft == "lookup":  # a prediction is the only source it drafts from
             run.usage.draft = "prediction" if request.prediction else "lookup"
             memory = None if request.prediction else self.recall.memory(request.tenant)
@@ -436,33 +443,6 @@ class Engine:
             run.usage.draft = self.drafts.name
             return self.drafts.drafter(seq_id, text_only(request.prompt_tokens))
         return None
-
-    def logits_for(self, tokens: list[int]):
-        """Logits at every position of `tokens`, evaluated from an empty cache (for perplexity
-        and KL divergence): a (len(tokens), n_vocab) float32 array."""
-        return self.window_logits([tokens])[0]
-
-    def window_logits(self, windows: list[list[int]]) -> list:
-        """Each window's logits at every position, the windows evaluated together from an
-        empty cache, one sequence each (a context for that many), as llama-perplexity does:
-        each call takes an equal share of the batch from every window, as llama.cpp splits a
-        batch of several sequences with a KV stream each."""
-        import numpy as np
-
-        seqs = self.n_seq_max
-        if len(windows) > seqs or max(map(len, windows)) > self.n_ctx // seqs:
-            raise ContextOverflow(f"{len(windows)} windows of {max(map(len, windows))} tokens do not fit in a "
-                                  f"context of {self.n_ctx} for {seqs} sequences")
-        self.reset()
-        rows: list[list] = [[] for _ in windows]
-        share = max(1, self.n_batch // len(windows))
-        for start in range(0, max(map(len, windows)), share):
-            entries = [(w[p], p, j, True) for j, w in enumerate(windows) for p in range(start, min(len(w), start + share))]
-            self.ctx.decode_batch(entries)
-            for (_, _, j, _), row in zip(entries, self.ctx.logits(len(entries), self.model.n_vocab)):
-                rows[j].append(row)
-        self.reset()
-        return [np.stack(r) for r in rows]
 
     def reset(self) -> None:
         """Forget every cached token (the next prompt is evaluated in full)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tallow.runtime.checkpoints import Checkpoints
 from tallow.runtime.drafting.speculative import LookupDrafter, verify
 from tallow.runtime.logprobs import with_logprobs, with_post_probs
 from tallow.runtime.media.spans import Span, snap, text_only
@@ -41,6 +42,9 @@ class Sequence:
     and the text after it max(rows, columns) positions on. `_jumps` lists each such chunk as
     (the cell after it, positions gained or lost), so a position is the cell index plus the
     jumps before it; llama.cpp's seq_rm and decode take positions, the lists here cells.
+
+    A model whose cache cannot be cut back (recurrent layers: Model.rewinds) keeps
+    `checkpoints`, copies of its state taken by `mark`; `keep` then restores the longest.
     """
 
     def __init__(self, ctx, seq: int) -> None:
@@ -48,6 +52,7 @@ class Sequence:
         self.seq = seq
         self.kv: list[int] = []
         self._jumps: list[tuple[int, int]] = []
+        self.checkpoints = None if ctx.rewinds else Checkpoints()
 
     def pos(self, cell: int) -> int:
         """The position of cell `cell` (of the next one, for len(kv))."""
@@ -65,17 +70,41 @@ class Sequence:
         if extra:
             self._jumps.append((len(self.kv), extra))
 
-    def keep(self, n: int) -> None:
-        """Drop every cell from cell n on (never inside a media chunk: see multimodal.snap)."""
-        if n < len(self.kv):
-            self.ctx.seq_rm(self.seq, self.pos(n), -1)
-            del self.kv[n:]
-            self._jumps = [(at, extra) for at, extra in self._jumps if at <= n]
+    def keep(self, n: int) -> int:
+        """Drop every cell from cell n on (never inside a media chunk: see multimodal.snap).
+        Returns how many cells the sequence holds now: n, or where the cache cannot be cut
+        back, the longest checkpoint's length up to n (0: none, the sequence is cleared)."""
+        if n >= len(self.kv):
+            return len(self.kv)
+        if not self.ctx.seq_rm(self.seq, self.pos(n), -1):
+            n = self._rewind(n)
+        del self.kv[n:]
+        self._jumps = [(at, extra) for at, extra in self._jumps if at <= n]
+        if self.checkpoints is not None:
+            self.checkpoints.drop_after(n)
+        return n
+
+    def _rewind(self, n: int) -> int:
+        """Restore the longest checkpoint of at most n cells (dropping a hybrid model's
+        attention cells past it); returns its length, or 0 after clearing the sequence."""
+        found = self.checkpoints.best(n) if self.checkpoints is not None else None
+        if found is not None and self.ctx.restore(self.seq, found[1]) \
+                and self.ctx.seq_rm(self.seq, self.pos(found[0]), -1):
+            return found[0]
+        self.ctx.seq_rm(self.seq, 0, -1)
+        return 0
+
+    def mark(self) -> None:
+        """Keep a checkpoint of what the sequence holds now (only where it cannot be cut back)."""
+        if self.checkpoints is not None and self.kv:
+            self.checkpoints.add(len(self.kv), self.ctx.snapshot(self.seq))
 
     def clear(self) -> None:
         self.ctx.seq_rm(self.seq, 0, -1)
         self.kv.clear()
         self._jumps.clear()
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
 
     def copy_from(self, other: Sequence) -> None:
         """Hold what `other` holds: a fork of its prompt, with no prefill of its own."""
@@ -83,11 +112,19 @@ class Sequence:
         self.ctx.seq_cp(other.seq, self.seq)
         self.kv.extend(other.kv)
         self._jumps = list(other._jumps)
+        if other.checkpoints is not None:
+            self.checkpoints = other.checkpoints.copy()
 
     def reusable(self, prompt: list[int]) -> int:
         """How many of the prompt's tokens the cells hold already; never all of them, since the
         last prompt token must be evaluated again for its logits."""
         return min(common_prefix(self.kv, prompt), len(prompt) - 1)
+
+    def usable(self, prompt: list[int]) -> int:
+        """How many of the prompt's tokens this sequence would keep: `reusable`, or where the
+        cache cannot be cut back and the prompt parts from it, the longest checkpoint's."""
+        n = self.reusable(prompt)
+        return n if self.checkpoints is None or n >= len(self.kv) else self.checkpoints.longest(n)
 
     def load(self, path: Path, tokens: list[int], spans: tuple[Span, ...] = ()) -> bool:
         """Replace the sequence's cells with a saved state that must hold exactly `tokens`, a
@@ -99,6 +136,7 @@ class Sequence:
             return False
         self.kv.extend(loaded)
         self._jumps = [(s.end, s.n_pos - s.n) for s in spans if s.end <= len(tokens) and s.n_pos != s.n]
+        self.mark()
         return True
 
     def save(self, path: Path) -> int:
@@ -154,6 +192,8 @@ class DiskPrefixes:
         for entry in cache.lookup(self.fingerprint, prompt):  # longest first
             if len(entry.tokens) <= cached + 1:
                 break
+            if seq.checkpoints is not None and len(entry.tokens) >= len(prompt):
+                continue  # a recurrent state could not be cut back to evaluate the last token again
             if not cache.verify(entry):  # a damaged one is removed and the next tried
                 continue
             if not seq.load(entry.state_path, entry.tokens, request.media):
@@ -181,8 +221,8 @@ class DiskPrefixes:
             tokens = prompt[:n]
             if seq.kv[:n] != tokens or cache.has(self.fingerprint, tokens):
                 continue
-            seq.keep(n)
-            written += cache.put(self.fingerprint, tokens, seq.save) is not None
+            if seq.keep(n) == n:  # (a recurrent state goes back only as far as a checkpoint)
+                written += cache.put(self.fingerprint, tokens, seq.save) is not None
         return written
 
 
@@ -308,20 +348,50 @@ class OutputStream:
                           reasoning_tail, self.stops.matched)
 
 
-def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, sampler) -> tuple[int, list[int]]:
+class Stops:
+    """Where a request's prefill pauses, each a chunk's end: the disk cache points to save
+    there (DiskPrefixes.points) and, for a cache that cannot be cut back, the checkpoints to
+    take (where a turn begins, and the whole prompt but its last token: the next turn, or the
+    same prompt again, resumes there)."""
+
+    def __init__(self, seq: Sequence, request: Request, disk: DiskPrefixes | None, points: list[int],
+                 cached: int) -> None:
+        self.seq, self.request, self.disk, self.points = seq, request, disk, points
+        ends = {*request.turns, len(request.prompt_tokens) - 1} if seq.checkpoints is not None else set()
+        self.marks = sorted({snap(n, request.media) for n in ends} - {0} - set(range(cached + 1)))
+
+    def all(self) -> list[int]:
+        return sorted({*self.points, *self.marks})
+
+    def next(self) -> int | None:
+        return min([*self.points[:1], *self.marks[:1]], default=None)
+
+    def reached(self) -> None:
+        """The prefill just evaluated a chunk: save or checkpoint what ends there."""
+        n = len(self.seq.kv)
+        while self.points and n >= self.points[0]:
+            assert self.disk is not None  # cache points come from the disk cache
+            self.disk.save_point(self.seq, self.request, self.points.pop(0))
+        if n in self.marks:
+            self.seq.mark()
+        self.marks = [m for m in self.marks if m > n]
+
+
+def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, sampler) -> tuple[int, Stops]:
     """What every driver does before a request's prefill, written once: reuse the prefix the
     sequence holds, load a longer one from disk when there is one, prime the sampler's
-    repetition window with the prompt, and count it all in the request's usage. Returns the prompt tokens the
-    sequence holds now and the cache points the prefill should save as it reaches them
-    (DiskPrefixes.points)."""
+    repetition window with the prompt, and count it all in the request's usage. Returns the
+    prompt tokens the sequence holds now and where the prefill should pause (Stops)."""
     request = run.request
     prompt = request.prompt_tokens
-    cached = snap(seq.reusable(prompt), request.media) if request.reuse_cache else 0
+    cached = snap(seq.usable(prompt), request.media) if request.reuse_cache else 0
     run.usage.cache_source = "memory" if cached else None
     from_disk = disk is not None and disk.applies(request) and request.reuse_cache
     if disk is not None and from_disk:
         cached = snap(disk.load_longest(seq, request, cached, run.usage), request.media)
-    seq.keep(cached)
+    cached = seq.keep(cached)  # less, where a recurrent state goes back to a checkpoint
+    if not cached:
+        run.usage.cache_source = None
     run.usage.media_tokens = sum(span.n for span in request.media)
     run.usage.audio_tokens = sum(span.n for span in request.media if span.kind == "audio")
     run.usage.cached_tokens = cached
@@ -330,7 +400,8 @@ def begin_request(seq: Sequence, run: OutputStream, disk: DiskPrefixes | None, s
     if s.penalized and s.repeat_last_n:  # (a window of 0 looks at nothing; [-0:] would be the whole prompt)
         for t in text_only(prompt)[-s.repeat_last_n:]:
             sampler.accept(t)
-    return cached, (disk.points(request, cached) if disk is not None and from_disk else [])
+    points = disk.points(request, cached) if disk is not None and from_disk else []
+    return cached, Stops(seq, request, disk, points, cached)
 
 
 def settle_draft(seq: Sequence, run: OutputStream, drafter: LookupDrafter, draft: list[int],

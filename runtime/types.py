@@ -123,6 +123,7 @@ class Request:
     reasoning_markers: tuple[str, str] | None = None  # e.g. ("<think>", "</think>")
     starts_in_reasoning: bool = False  # the prompt opened a reasoning block
     cache_points: tuple[int, ...] = ()  # prefix lengths worth saving to disk (a system prompt, a document)
+    turns: tuple[int, ...] = ()  # where turns begin: checkpoints, for a cache that cannot be cut back (Model.rewinds)
     disk_cache: bool = True  # look up and save prompt prefixes in the disk cache, when one is attached
     reuse_cache: bool = True  # False: evaluate the whole prompt, no prefix reused from memory or disk (cache_prompt)
     save_prompt: bool = True  # False: look saved prefixes up but never save this one (a chat keeps its own cache)

@@ -88,6 +88,7 @@ def test_a_bad_draft_leaves_the_sampled_distribution_the_targets(tmp_path):
     it would put every answer on "e" (chi-square in the thousands)."""
     import numpy as np
 
+    from tallow.quantize.evaluate import logits_for
     from tallow.runtime.engine import Engine
     from tallow.runtime.types import DraftLimits, LoadSettings, Request, Sampling
 
@@ -96,7 +97,7 @@ def test_a_bad_draft_leaves_the_sampled_distribution_the_targets(tmp_path):
     with Engine(target, LoadSettings(n_ctx=256, n_threads=2, flash_attn="on", draft=(bad,),
                                      draft_limits=DraftLimits(max=2, min=2, p_min=0.0))) as engine:
         q, a = engine.tokenize("q"), engine.tokenize("a")
-        row = engine.logits_for(q + a)[-1].astype(np.float64)
+        row = logits_for(engine, q + a)[-1].astype(np.float64)
         top = [int(t) for t in np.argsort(row)[::-1][:4]]
         p = np.exp(row[top] - row[top].max())
         p /= p.sum()

@@ -165,6 +165,7 @@ def _ggml_type(name: str) -> int:
         raise BackendError(exc.message, exc.hint) from None
 
 
+_PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or sliding-window) part of a state
 FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
@@ -206,6 +207,9 @@ class Model:
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos, self.sep = C.llama_vocab_eos(self.vocab), C.llama_vocab_sep(self.vocab)
         self.n_embd, self.n_cls_out = C.llama_model_n_embd(ptr), C.llama_model_n_cls_out(ptr)
+        # Recurrent layers (Mamba, RWKV, the hybrids: LFM2, Granite 4 H, Qwen3-Next) keep one state
+        # per sequence, not one cell per token: their cache cannot be cut back to a shorter prefix.
+        self.rewinds = not (C.llama_model_is_recurrent(ptr) or C.llama_model_is_hybrid(ptr))
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
 
@@ -311,6 +315,7 @@ class Context:
         self.n_ctx = C.llama_n_ctx(ptr)
         self.n_batch = C.llama_n_batch(ptr)
         self.mem = C.llama_get_memory(ptr)
+        self.rewinds = model.rewinds
         self._batch = C.llama_batch_init(self.n_batch, 0, p.n_seq_max)
         self._b = self._batch  # fields are pointers into C memory, filled in place
         self.n_threads = p.n_threads
@@ -398,8 +403,23 @@ class Context:
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
 
-    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
-        C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        """Drop a sequence's cells in [p0, p1); False when the cache cannot (a recurrent state
+        cut short: see Model.rewinds), which then holds what it held."""
+        return bool(C.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+
+    def snapshot(self, seq_id: int) -> bytes:
+        """A copy of the part of a sequence's state that cannot be cut back (the recurrent state;
+        a hybrid model's attention cells are left out, since seq_rm can cut those)."""
+        n = C.llama_state_seq_get_size_ext(self.ptr, seq_id, _PARTIAL)
+        buf = (ctypes.c_uint8 * n)()
+        got = C.llama_state_seq_get_data_ext(self.ptr, buf, n, seq_id, _PARTIAL)
+        return bytes(buf)[:got]
+
+    def restore(self, seq_id: int, data: bytes) -> bool:
+        """Put a snapshot back into a sequence (the attention cells past it are the caller's to drop)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return C.llama_state_seq_set_data_ext(self.ptr, buf, len(data), seq_id, _PARTIAL) == len(data)
 
     def seq_cp(self, src: int, dst: int) -> None:
         """Give sequence `dst` every cell of `src` (across KV streams too: llama.cpp then

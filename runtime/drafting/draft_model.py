@@ -95,6 +95,9 @@ def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextPa
     model = backend.Model(paths, gpu_layers, extra_buffers=extra_buffers)
     try:
         problem = vocabulary_difference(target, model)
+        if not model.rewinds:
+            raise DraftError(f"{paths[0].name} has recurrent layers, whose state cannot drop a rejected guess",
+                             "draft with a transformer model, or with --draft lookup")
         if problem is not None:
             raise DraftError(f"{paths[0].name} cannot draft for {target_paths[0].name}: {problem}",
                              "a draft model must share the target's vocabulary (the same family)")

@@ -31,7 +31,7 @@ from tallow.runtime.scheduling.admission import FairQueue
 from tallow.runtime.scheduling.handle import Event, Failure, Handle, QueueFull
 from tallow.runtime.scheduling.sched_stats import Stats
 from tallow.runtime.scheduling.step_calls import plan_calls
-from tallow.runtime.sequence import OutputStream, Sequence, begin_request, common_prefix, settle_draft
+from tallow.runtime.sequence import OutputStream, Sequence, Stops, begin_request, common_prefix, settle_draft
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, SchedulerSettings
 
 
@@ -61,7 +61,7 @@ class _Job:
         self.next_token: int | None = None  # sampled, not yet evaluated
         self.drafter: Any = None  # a LookupDrafter or a ModelDrafter, made with the slot (engine.drafter_for)
         self.draft: list[int] = []  # guesses decoded after next_token in this step
-        self.points: list[int] = []  # cache points to save when the prefill reaches them
+        self.stops: Stops | None = None  # where the prefill pauses, to save or checkpoint
         self.leader: _Job | None = None  # the job this one forks from (Scheduler.submit's fork_of)
         self.lora: tuple[float, ...] = ()  # its adapter set (runtime/adapters.py), fixed when it starts
 
@@ -216,9 +216,11 @@ class Scheduler:
             if job is None or not free or self._prefilling(job.leader):
                 return  # a fork waits (briefly) for its leader's prompt, so that it is evaluated once
             prompt = job.request.prompt_tokens
-            # The longest cached prefix; else the lowest free slot, so that busy sequences stay
+            # The longest cached prefix it can use; else an empty slot rather than one whose
+            # conversation would be lost; else the lowest free slot, so that busy sequences stay
             # consecutive (deterministic mode decodes a run of them in one micro-batch).
-            slot = max(free, key=lambda s: (common_prefix(s.kv, prompt), -s.seq)) if not self.engine.adapters.loaded \
+            slot = max(free, key=lambda s: (s.sequence.usable(prompt), not s.kv, -s.seq)) \
+                if not self.engine.adapters.loaded \
                 else self.engine.adapters.placement(free, self.slots, job.request.lora, prompt)
             if self.unified and not self._make_room(job, slot, free):
                 return
@@ -262,7 +264,7 @@ class Scheduler:
         job.lora = adapters.claim(slot.sequence, job.request.lora)  # cells of another set are dropped
         self._fork(job, slot)
         disk = self.engine.disk if adapters.disk_ok(job.lora) else None
-        _, job.points = begin_request(slot.sequence, job.run, disk, job.sampler)
+        _, job.stops = begin_request(slot.sequence, job.run, disk, job.sampler)
         self._active.append(job)
 
     def _expire(self) -> None:
@@ -303,7 +305,7 @@ class Scheduler:
             decoded = self._observe(len(entries), wants, began) if len(calls) == 1 else None
             self.stats.steps += 1
             seqs = {e[2] for e in entries}
-            self._save_points(seqs)
+            self._reached(seqs)
             self._report_progress(seqs)
             for row, job in wants:
                 self._sample(job, row)
@@ -326,15 +328,11 @@ class Scheduler:
             if job.request.progress and job.run.t_last is None and job.held.seq in seqs:
                 self._emit(job, job.run.progress(len(job.held.kv)))
 
-    def _save_points(self, seqs: set[int]) -> None:
-        """Save the cache points the prefill just reached in a call that decoded `seqs` (see
-        DiskPrefixes.points)."""
-        disk = self.engine.disk
-        if disk is None:  # no cache points without a disk cache
-            return
+    def _reached(self, seqs: set[int]) -> None:
+        """Save or checkpoint what the prefill just reached in a call that decoded `seqs` (Stops)."""
         for job in self._active:
-            while job.points and job.held.seq in seqs and len(job.held.kv) >= job.points[0]:
-                disk.save_point(job.held.sequence, job.request, job.points.pop(0))
+            if job.stops is not None and job.held.seq in seqs:
+                job.stops.reached()
 
     def _sample(self, job: _Job, row: int) -> None:
         """Sample the job's next token from `row` (with a draft: check the guesses decoded in

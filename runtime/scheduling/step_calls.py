@@ -98,7 +98,7 @@ def _prefill(sched, active: list, decode: list[Entry], wants: list) -> list:
             pair(sched.engine.ctx, slot, chunk)
         room = budget - len(chunk)
         room = min(room, DET_CHUNK) if fixed else max(1, room // (len(waiting) - i))  # else a fair share
-        n = min(room, len(prompt) - start, *(p - start for p in job.points[:1]),  # stop at a cache point
+        n = min(room, len(prompt) - start, *(p - start for p in [job.stops.next()] if p is not None),  # a stop
                 *(p - start for p in [next_span(job.request.media, start)] if p is not None))  # and at media
         base = slot.sequence.pos(start) - start
         for k in range(start, start + n):
@@ -123,7 +123,7 @@ def pair(ctx, slot, entries: list) -> None:
     differently, and the last layer and the output matrix run on the output rows only.
     The re-evaluated cell gets the very values it had."""
     p = len(slot.kv) - 1
-    if slot.kv[p] < 0:  # a media cell cannot be evaluated as a token: no pair
+    if slot.kv[p] < 0 or not ctx.rewinds:  # a media cell, a recurrent state: no second evaluation
         return
     at = slot.sequence.pos(p)
     ctx.seq_rm(slot.seq, at, -1)

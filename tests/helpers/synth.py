@@ -153,3 +153,59 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str | d
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_synthetic_mamba(path: Path, seed: int = 5, n_layer: int = 2, n_embd: int = N_EMBD) -> Path:
+    """A tiny Mamba (recurrent: one state per sequence, no KV cells) with the synthetic
+    vocabulary and ChatML: random weights, a state that depends on every token read, so a
+    state restored from the wrong place shows in the logits."""
+    import gguf
+
+    tokens, types, merges = vocabulary()
+    d_inner, d_state, d_conv, dt_rank = 2 * n_embd, 16, 4, n_embd // 16  # llama.cpp takes an expansion of 2 only
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_name("tallow-synthetic-mamba")
+    w.add_context_length(N_CTX_TRAIN)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+    rng = np.random.default_rng(seed)
+
+    def t(name: str, *shape: int, scale: float = 0.3) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    t("token_embd.weight", len(tokens), n_embd, scale=1.0)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    t("output.weight", len(tokens), n_embd)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(f"blk.{i}.ssm_in.weight", 2 * d_inner, n_embd)
+        t(f"blk.{i}.ssm_conv1d.weight", d_inner, d_conv)
+        t(f"blk.{i}.ssm_conv1d.bias", d_inner)
+        t(f"blk.{i}.ssm_x.weight", dt_rank + 2 * d_state, d_inner)
+        t(f"blk.{i}.ssm_dt.weight", d_inner, dt_rank)
+        t(f"blk.{i}.ssm_dt.bias", d_inner)
+        w.add_tensor(f"blk.{i}.ssm_a", -np.exp(rng.standard_normal((d_inner, d_state)) * 0.5).astype(np.float32))
+        t(f"blk.{i}.ssm_d", d_inner)
+        t(f"blk.{i}.ssm_out.weight", n_embd, d_inner)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
