@@ -358,7 +358,7 @@ class Stops:
                  cached: int) -> None:
         self.seq, self.request, self.disk, self.points = seq, request, disk, points
         ends = {*request.turns, len(request.prompt_tokens) - 1} if seq.checkpoints is not None else set()
-        self.marks = sorted({snap(n, request.media) for n in ends} - {0} - set(range(cached + 1)))
+        self.marks = sorted({m for m in (snap(n, request.media) for n in ends) if m > cached})
 
     def all(self) -> list[int]:
         return sorted({*self.points, *self.marks})

@@ -63,3 +63,20 @@ def test_the_verdict_reads_the_middle_half_of_the_rounds():
     assert judge([0.9, 0.95, 0.97, 0.98, 2.5], 1.0, True) == "ok"  # one wild round does not decide
     assert judge([0.9, 0.95, 1.02, 1.05, 1.1], 1.0, True) == "inconclusive"
     assert exit_code([]) == 0
+
+
+def test_two_figures_from_one_measurement_are_judged_on_the_same_rounds():
+    from benchmarks.paired import compare_two
+
+    rng, calls = random.Random(3), []
+
+    def measure(arm: str) -> tuple[float, float]:  # a server round: (throughput, TTFT)
+        calls.append(arm)
+        faster = arm == "subject"
+        return 110.0 * (1 + rng.uniform(-0.01, 0.01)) if faster else 100.0, 90.0 if faster else 100.0
+
+    rate, ttft = compare_two(Comparison("aggregate", measure, target=1.0, lower_is_better=False, rounds=4),
+                             Comparison("ttft", lambda arm: 0.0, target=1.0), echo=quiet)
+    assert rate.state == ttft.state == "ok" and len(rate.ratios) == len(ttft.ratios) == 4
+    assert len(calls) == 10  # one warm-up round and four counted, both arms each: the TTFTs came with them
+    assert ttft.ratios == [0.9] * 4 and ttft.figures["subject"] == [90.0] * 4

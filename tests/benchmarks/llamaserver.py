@@ -1,12 +1,14 @@
 """tallow serve against llama.cpp's own llama-server, built from the same vendored llama.cpp:
-the same model, 8 slots, 8 concurrent streamed chat requests of 64 tokens, rounds alternating
-between the two servers in one run (2 threads, weight repacking off on both).
+the same model, as many slots as streams, N concurrent streamed chat requests of 64 tokens
+(8 and 32 by default), in paired, alternating rounds between the two servers
+(tests/benchmarks/paired.py; 2 threads, weight repacking off on both).
 
-    python tests/benchmarks/llamaserver.py [--rounds 12] [--model PATH]
+    python tests/benchmarks/llamaserver.py [--rounds 7] [--streams 8,32] [--model PATH]
 
-Prints each side's aggregate output tok/s (all tokens / wall time of the round) and median
-TTFT, and the ratios; exits non-zero unless tallow's aggregate >= 1.0x llama-server's and its
-median TTFT <= 1.0x (the targets of issue 16). Both servers bind loopback only.
+For each N: the aggregate output tok/s (all tokens / wall time of the round) and the median
+TTFT of the round, each as tallow / llama-server with its spread; targets: aggregate >= 1.0x,
+TTFT <= 1.0x (issue 53). Exits 1 when one is missed, 3 when the machine was too noisy to
+say. Both servers bind loopback only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SLOTS, TOKENS, CTX = 8, 64, 8 * 512
+from benchmarks.paired import Comparison, Verdict, compare_two, exit_code  # noqa: E402
+
+TOKENS, CELLS = 64, 512  # cells of context per slot
 QUESTIONS = ["Why is the sky blue?", "Name three rivers in Europe.", "What is a prime number?",
              "How do bees make honey?", "Describe a lighthouse.", "What is rust on iron?",
              "Why do cats purr?", "How far is the moon?"]
@@ -80,29 +84,58 @@ def one(url: str, question: str, out: list) -> None:
     out.append((first - started) * 1000)
 
 
-def round_of(url: str) -> tuple[float, float]:
-    """(aggregate output tok/s, median TTFT ms) of SLOTS concurrent requests."""
+def round_of(url: str, streams: int) -> tuple[float, float]:
+    """(aggregate output tok/s, median TTFT ms) of `streams` concurrent requests."""
     ttfts: list[float] = []
-    threads = [threading.Thread(target=one, args=(url, q, ttfts)) for q in QUESTIONS[:SLOTS]]
+    threads = [threading.Thread(target=one, args=(url, QUESTIONS[i % len(QUESTIONS)] + f" ({i})", ttfts))
+               for i in range(streams)]
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - started
-    assert len(ttfts) == SLOTS, "a request failed"
-    return SLOTS * TOKENS / wall, statistics.median(ttfts)
+    assert len(ttfts) == streams, "a request failed"
+    return streams * TOKENS / wall, statistics.median(ttfts)
+
+
+def servers(model: Path, streams: int, home: Path, args) -> tuple[dict[str, str], list[subprocess.Popen]]:
+    """tallow serve (subject) and llama-server (reference) with a slot per stream, ready."""
+    from benchmarks.llamabench import llama_tool, tallow_env
+
+    binary = llama_tool("llama-server")
+    p1, p2, ctx = free_port(), free_port(), str(streams * CELLS)
+    env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"), TALLOW_CPU_REPACK="off")
+    ours = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", str(model), "--port", str(p1), "--parallel",
+                             str(streams), "--ctx", ctx, "--threads", "2", "--no-cache", *args.tallow_args.split()],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    theirs = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(p2), "-np",
+                               str(streams), "-c", ctx, "-t", "2", "-tb", "2", "--no-repack", "--no-warmup",
+                               *args.llama_args.split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "LLAMA_ARG_REPACK": "0"})
+    urls = {"subject": f"http://127.0.0.1:{p1}", "reference": f"http://127.0.0.1:{p2}"}
+    wait_ready(urls["subject"], ours, "tallow serve")
+    wait_ready(urls["reference"], theirs, "llama-server")
+    return urls, [ours, theirs]
+
+
+def at(streams: int, urls: dict[str, str], rounds: int) -> list[Verdict]:
+    """The aggregate and the median TTFT at one stream count, from the same rounds."""
+    return compare_two(
+        Comparison(f"{streams} streams, aggregate", lambda arm: round_of(urls[arm], streams), target=1.0,
+                   lower_is_better=False, rounds=rounds, unit=" tok/s"),
+        Comparison(f"{streams} streams, median TTFT", lambda arm: 0.0, target=1.0, lower_is_better=True))
 
 
 def main() -> int:
     from helpers.processes import shared_home
 
-    from benchmarks.llamabench import llama_tool, tallow_env
     from tallow.models.resolve import locate
     from tallow.models.store import Store
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--streams", default="8,32")
     ap.add_argument("--model", default=None)
     ap.add_argument("--tallow-args", default="", help="more options for tallow serve (e.g. '--flash-attn on')")
     ap.add_argument("--llama-args", default="", help="more options for llama-server")
@@ -110,42 +143,18 @@ def main() -> int:
     home = shared_home()
     # the default model by name: the shared store's blobs may hold others written by tests
     model = Path(args.model) if args.model else locate("smollm2:135m", Store(home / "models")).path
-    binary = llama_tool("llama-server")
-    p1, p2 = free_port(), free_port()
-    env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"), TALLOW_CPU_REPACK="off")
-    ours = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", str(model), "--port", str(p1), "--parallel",
-                             str(SLOTS), "--ctx", str(CTX), "--threads", "2", "--no-cache", *args.tallow_args.split()], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    theirs = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(p2), "-np", str(SLOTS),
-                               "-c", str(CTX), "-t", "2", "-tb", "2", "--no-repack", "--no-warmup", *args.llama_args.split()],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "LLAMA_ARG_REPACK": "0"})
-    try:
-        u1, u2 = f"http://127.0.0.1:{p1}", f"http://127.0.0.1:{p2}"
-        wait_ready(u1, ours, "tallow serve")
-        wait_ready(u2, theirs, "llama-server")
-        round_of(u1), round_of(u2)  # warm-up, not counted
-        a, b = [], []
-        for _ in range(args.rounds):
-            a.append(round_of(u1))
-            b.append(round_of(u2))
-    finally:
-        for p in (ours, theirs):
-            p.terminate()
-            p.wait(30)
-    agg_a, agg_b = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
-    ttft_a, ttft_b = statistics.median(x[1] for x in a), statistics.median(x[1] for x in b)
-    print(f"{'':14} {'aggregate tok/s':>16} {'median TTFT ms':>15}")
-    print(f"{'tallow serve':14} {agg_a:>16.1f} {ttft_a:>15.0f}")
-    print(f"{'llama-server':14} {agg_b:>16.1f} {ttft_b:>15.0f}")
-    print(f"{'ratio':14} {agg_a / agg_b:>15.2f}x {ttft_a / ttft_b:>14.2f}x   (targets: >= 1.00x, <= 1.00x)")
-    print("rounds (tok/s, TTFT ms): tallow " + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in a)
-          + "; llama-server " + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in b))
-    if args.rounds >= 4:  # the spread, to set against the gap between the medians
-        for name, side in (("tallow", a), ("llama-server", b)):
-            q = statistics.quantiles([y for _, y in side], n=4)
-            print(f"{name} median TTFT quartiles {q[0]:.0f} to {q[2]:.0f} ms")
-    return 0 if agg_a / agg_b >= 1.0 and ttft_a / ttft_b <= 1.0 else 1
+    verdicts: list[Verdict] = []
+    for streams in map(int, args.streams.split(",")):
+        urls, procs = servers(model, streams, home, args)
+        try:
+            verdicts += at(streams, urls, args.rounds)
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
+    for v in verdicts:
+        print(v.line())
+    return exit_code(verdicts)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,29 @@ def compare(c: Comparison, echo: Callable[[str], None] = print) -> Verdict:
     return verdict
 
 
+def compare_two(c: Comparison, second: Comparison, echo: Callable[[str], None] = print) -> list[Verdict]:
+    """Two figures from each measurement (a server round's throughput and its TTFT; a run's
+    prefill and decode rates): `c.measure(arm)` gives both as a pair. The rounds are `c`'s;
+    the second figure's ratios come from the very same rounds and are judged against
+    `second`'s target (its own `measure` is unused)."""
+    seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+
+    def first(arm: str) -> float:
+        one, two = c.measure(arm)  # a pair here
+        seconds[arm].append(two)
+        return one
+
+    verdict = compare(Comparison(c.name, first, c.target, c.lower_is_better, c.rounds, c.warmup, c.max_rounds,
+                                 c.unit), echo)
+    skip = len(seconds["subject"]) - len(verdict.ratios)  # the warm-up rounds
+    kept = {arm: v[skip:] for arm, v in seconds.items()}
+    ratios = [s / r for s, r in zip(kept["subject"], kept["reference"])]
+    other = Verdict(second.name, ratios, kept, verdict.load, judge(ratios, second.target, second.lower_is_better),
+                    second.target, second.lower_is_better)
+    echo(other.line())
+    return [verdict, other]
+
+
 def exit_code(verdicts: list[Verdict]) -> int:
     states = {v.state for v in verdicts}
     return 1 if "missed" in states else 3 if "inconclusive" in states else 0
