@@ -107,6 +107,21 @@ def test_serving_slots_keep_their_own_checkpoints(mamba):
                 assert (final.usage.cached_tokens > 0) == (k > 0)
 
 
+def test_several_answers_fork_one_recurrent_state(mamba, tmp_path):
+    # run --n evaluates the prompt once and copies the state to each answer's sequence
+    import json
+
+    from helpers.processes import run_tallow
+
+    args = ["run", str(mamba), "A prompt whose state every answer starts from.", "-n", "8", "--temperature", "0",
+            "--json", "--offline"]
+    many = run_tallow([*args, "--n", "3"], home=tmp_path)
+    one = run_tallow(args, home=tmp_path)
+    assert many.returncode == one.returncode == 0, many.stderr.decode() + one.stderr.decode()
+    texts = [c["text"] for c in json.loads(many.stdout)["choices"]]
+    assert texts == [json.loads(one.stdout)["text"]] * 3
+
+
 def test_a_saved_prefix_loads_into_a_recurrent_state(mamba, tmp_path):
     cache = PromptCache(tmp_path / "cache", 1 << 30, min_tokens=16)
     system = [{"role": "system", "content": "A system prompt long enough to be worth saving on disk."}]
