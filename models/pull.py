@@ -217,8 +217,8 @@ def import_file(path: Path, store: Store, name: str, link: bool, on_progress: Pr
     elif verify is not None:
         verify([path])
     check_disk(store, 0 if link else path.stat().st_size + (mmproj.stat().st_size if mmproj else 0), path.name)
-    entry = _place(path, store, link, on_progress)
-    projector = _place(mmproj, store, link, on_progress) if mmproj is not None else None
+    entry = place_file(path, store, link, on_progress)
+    projector = place_file(mmproj, store, link, on_progress) if mmproj is not None else None
     lic = info.metadata.get("general.license")
     source = {"kind": "import", "path": str(path), "linked": link, **({"mmproj": str(mmproj)} if mmproj else {})}
     manifest = Manifest(name, [entry], source, lic if isinstance(lic, str) else None, gguf_facts([info]),
@@ -232,10 +232,10 @@ def import_file(path: Path, store: Store, name: str, link: bool, on_progress: Pr
 def store_file(path: Path, store: Store) -> StoredFile:
     """A local file copied into the store as a blob (verified by its sha256 as it is copied)."""
     check_disk(store, path.stat().st_size, path.name)
-    return _place(Path(path).expanduser().resolve(), store, False, no_progress)
+    return place_file(Path(path).expanduser().resolve(), store, False, no_progress)
 
 
-def _place(path: Path, store: Store, link: bool, on_progress: ProgressFn) -> StoredFile:
+def place_file(path: Path, store: Store, link: bool, on_progress: ProgressFn) -> StoredFile:
     """A local file into the store: hashed and used in place (--link), or copied as a blob."""
     stat = path.stat()
     if link:

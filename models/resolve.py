@@ -27,6 +27,7 @@ class LocalModel:
     mmproj: Path | None = None  # the stored projector, for images and audio
     preset: Preset | None = None  # a created model's settings: defaults every route starts from
     adapters: tuple[Path, ...] = ()  # its LoRA adapters (a Modelfile's ADAPTER), loaded at scale 1
+    kind: str = "gguf"  # "whisper": a speech-to-text model, `path` its folder (models/whisper.py)
 
     @property
     def path(self) -> Path:
@@ -80,6 +81,9 @@ def find_or_pull(text: str, store: Store, opts: PullOptions, on_progress: Progre
 
 
 def stored_model(manifest: Manifest, store: Store) -> LocalModel:
+    if manifest.kind == "whisper":
+        return LocalModel(manifest.name, [store.folder(manifest)], manifest.files[0].digest.removeprefix("sha256-"),
+                          kind="whisper")
     return LocalModel(manifest.name, store.paths(manifest), manifest.files[0].digest.removeprefix("sha256-"),
                       store.projector_path(manifest), manifest.preset,
                       tuple(store.file_path(f) for f in manifest.adapters))

@@ -57,6 +57,7 @@ class Manifest:
     projector_facts: dict[str, Any] = field(default_factory=dict)  # models.projector.ProjectorFacts.to_json
     preset: Preset | None = None  # a created model's own settings (models/preset.py)
     adapters: list[StoredFile] = field(default_factory=list)  # LoRA adapters a Modelfile's ADAPTER stored
+    kind: str = "gguf"  # or "whisper": a speech-to-text model's folder of files (models/whisper.py)
 
     @property
     def size(self) -> int:
@@ -79,6 +80,7 @@ class Manifest:
             **({"projector": {**self.projector.to_json(), "facts": self.projector_facts}} if self.projector else {}),
             **({"preset": self.preset.to_json()} if self.preset else {}),
             **({"adapters": [f.to_json() for f in self.adapters]} if self.adapters else {}),
+            **({"kind": self.kind} if self.kind != "gguf" else {}),
         }
 
     @classmethod
@@ -92,11 +94,22 @@ class Manifest:
                        dict(data.get("gguf") or {}), float(data.get("created") or 0),
                        StoredFile.from_json(proj) if proj else None, dict(proj.get("facts") or {}) if proj else {},
                        Preset.from_json(data["preset"]) if data.get("preset") else None,
-                       [StoredFile.from_json(f) for f in data.get("adapters") or ()])
+                       [StoredFile.from_json(f) for f in data.get("adapters") or ()], _kind(data.get("kind")))
         except (InvalidName, PresetError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc.message}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise IntegrityError(f"corrupt manifest: {exc}") from exc
+
+
+KINDS = ("gguf", "whisper")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "gguf"
+    if value not in KINDS:
+        raise ValueError(f"unknown model kind {value!r}")
+    return value
 
 
 @dataclass
@@ -182,6 +195,31 @@ class Store:
     def projector_path(self, manifest: Manifest) -> Path | None:
         f = manifest.projector
         return None if f is None else self.file_path(f)
+
+    def folder(self, manifest: Manifest) -> Path:
+        """A model made of named files (a Whisper model: model.bin, config.json, ...) as the
+        folder its engine reads: links, by each file's name, to the blobs (made once, under
+        the digest of the first file and the names)."""
+        import hashlib
+
+        key = hashlib.sha256("\0".join(f"{f.path}={f.digest}" for f in manifest.files).encode()).hexdigest()[:24]
+        view = self.root / "views" / key
+        if not view.is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix=".view-", dir=self._ensure(self.root / "views")))
+            for f in manifest.files:
+                (tmp / Path(f.path).name).symlink_to(self.file_path(f))
+            try:
+                os.rename(tmp, view)
+            except OSError:  # another process made it first
+                for link in tmp.iterdir():
+                    link.unlink()
+                tmp.rmdir()
+        return view
+
+    @staticmethod
+    def _ensure(path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     def file_path(self, f: StoredFile) -> Path:
         return Path(f.linked) if f.linked else self.blob_path(f.digest)
@@ -270,6 +308,12 @@ class Store:
             _prune_empty(path.parent, self.manifests)
         for path, _ in plan.blobs:
             path.unlink(missing_ok=True)
+        views = self.root / "views"
+        for view in views.iterdir() if views.is_dir() else ():  # folders whose files are gone
+            if any(not link.exists() for link in view.iterdir()):
+                for link in view.iterdir():
+                    link.unlink()
+                view.rmdir()
 
 
 def _prune_empty(folder: Path, stop: Path) -> None:

@@ -79,9 +79,19 @@ def with_own_settings(load: LoadSettings, local: LocalModel) -> LoadSettings:
     return replace(load, loras=tuple(LoraSpec(a) for a in local.adapters) + load.loras) if local.adapters else load
 
 
+def check_generates(local: LocalModel) -> None:
+    """Refuse a model that writes no text from a prompt (a Whisper model transcribes speech)."""
+    if local.kind == "whisper":
+        from tallow.runtime.errors import TallowError
+
+        raise TallowError(f"{local.name} is a speech-to-text model: it transcribes audio, it does not answer prompts",
+                          f"tallow transcribe FILE --model {local.name}")
+
+
 def prepared(local: LocalModel, load: LoadSettings, projector: str = "if-stored",
              media: set[str] | None = None) -> LoadSettings:
     """The load of `local` with everything stored with it."""
+    check_generates(local)
     return with_own_settings(with_projector(local, load, projector, media), local)
 
 

@@ -31,7 +31,7 @@ from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
 from tallow.env import settings
 from tallow.runtime.media import with_markers
-from tallow.runtime.types import FinalEvent, Request, Sampling
+from tallow.runtime.types import FinalEvent, LoadSettings, Request, Sampling, SchedulerSettings, TokenEvent
 
 
 def read_prompt(prompt: str | None) -> tuple[str, str | None]:
@@ -181,7 +181,6 @@ def _local_load(chosen, drafting: DraftFlags, ask: Ask, text: str | None):
         chosen = o.one_shot(chosen, text, ask.max_tokens, drafting.draft is not None)
     chosen = drafting.loaded(chosen, ask.offline, ask.model)
     if ask.n > 1:
-        from tallow.cli.commands.run_n import load_for_n
 
         chosen = load_for_n(chosen, ask.n)
     return chosen
@@ -241,7 +240,6 @@ def _several(engine, request: Request, n: int, name: str, conversation_id: str, 
              as_json: bool, logprobs: int | None, show_stats: bool, json_answer: bool, schema) -> None:
     """--n: the answers whole, in order (text, or one JSON object with `choices` as a batch
     record has them); the stats line of them all; the first answer goes to the history log."""
-    from tallow.cli.commands.run_n import answer_n, print_choices
     from tallow.jobs.batch import record
     from tallow.runtime.scheduling.forks import merged
 
@@ -355,3 +353,62 @@ def _stream(engine, request: Request, echo: bool, show_reasoning: bool, tokens: 
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
         raise typer.Exit(0) from None
     return final
+
+
+# -- run --n: several answers to one prompt, the prompt evaluated once (runtime/scheduling/forks.py)
+
+def n_settings(n: int) -> SchedulerSettings:
+    """A sequence per answer, in deterministic mode: each answer is what its seed gives,
+    whatever the others do and however the steps fall (run --n with a seed reproduces)."""
+    return SchedulerSettings(parallel=n, max_queue=n, deterministic=True)
+
+
+def load_for_n(load: LoadSettings, n: int) -> LoadSettings:
+    from tallow.runtime.scheduling.scheduler import load_settings_for
+
+    if load.flash_attn == "off":  # deterministic mode turns it on: refused, not overridden
+        raise typer.BadParameter("several answers are decoded in deterministic mode, which needs flash attention",
+                                 param_hint="--flash-attn off with --n")
+
+    return load_settings_for(load, n_settings(n))
+
+
+def answer_n(engine, request: Request, n: int, logprobs: bool) -> list[tuple[FinalEvent, Any]]:
+    """The n choices' (final, log-probabilities or None), in order: a scheduler over run's
+    engine (loaded with a sequence per choice) forks the prompt's cells to each. Ctrl-C
+    cancels them all and exits as an interrupted run does, printing nothing half-done."""
+    from tallow.runtime.scheduling.forks import submit_forks
+    from tallow.runtime.scheduling.scheduler import Scheduler
+
+    sched = Scheduler(engine, n_settings(n))
+    handles: list = []
+    try:
+        handles = submit_forks(sched, request, n, lambda i: None)
+        return [_collect(engine, h, logprobs) for h in handles]
+    except KeyboardInterrupt:
+        for h in handles:
+            h.cancel()
+        sys.stderr.write("interrupted\n")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        sched.close(keep_engine=True)  # run's `with engine` closes it
+
+
+def _collect(engine, handle, logprobs: bool) -> tuple[FinalEvent, Any]:
+    tokens: list[TokenEvent] = []
+    for event in handle.events():
+        if isinstance(event, FinalEvent):
+            return event, engine.logprob_entries(tokens) if logprobs else None
+        if logprobs:
+            tokens.append(event)
+    raise AssertionError("a handle's events end with its final record")
+
+
+def print_choices(choices: list[tuple[FinalEvent, Any]]) -> None:
+    """Text output: each answer whole, in order, under a line naming it (so a script that
+    reads stdout can split them)."""
+    for i, (final, _) in enumerate(choices, 1):
+        sys.stdout.write(("\n" if i > 1 else "") + f"--- answer {i} of {len(choices)} ---\n")
+        sys.stdout.write(final.text + ("" if final.text.endswith("\n") else "\n"))
+    sys.stdout.flush()
+

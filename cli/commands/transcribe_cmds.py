@@ -1,0 +1,125 @@
+"""tallow transcribe: speech to text with a Whisper model, a file or many."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tallow.cli import options as o
+from tallow.cli.render import err_console
+from tallow.common.errors import TallowError
+
+EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
+MAX_STDIN = 2 * 1024 ** 3  # audio read from a pipe is held in memory (a container needs to seek)
+
+
+def transcribe(
+    files: list[str] = typer.Argument(..., help="Audio or video files: WAV, FLAC, MP3, Ogg, M4A, WebM... ('-': stdin).",
+                                      show_default=False),
+    model: str = typer.Option("whisper:base", "--model", "-m", help="A stored Whisper model (tallow import FOLDER).",
+                              autocompletion=o.complete_model),
+    fmt: str = typer.Option("text", "--format", "-f", help="text, json, verbose_json, srt or vtt."),
+    language: Optional[str] = typer.Option(None, "--language", "-l", help="The language spoken, as a code (en, de, ja) [default: detected].", show_default=False),
+    translate: bool = typer.Option(False, "--translate", help="Write the speech in English, whatever the language spoken."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Words to expect: names, jargon, spelling (Whisper's initial prompt).", show_default=False),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, max=1.0, help="Sampling temperature [default: 0, raised on a window that fails].", show_default=False),
+    word_timestamps: bool = typer.Option(False, "--word-timestamps", help="With verbose_json: each word's start and end too."),
+    no_vad: bool = typer.Option(False, "--no-vad", help="Recognise silence too (by default a voice detector skips it)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write one file per input into this folder (NAME.txt, .srt...); inputs already written are skipped, so a run resumes.", show_default=False),
+    threads: o.Threads = None,
+    offline: o.Offline = False,
+) -> None:
+    """Transcribe speech to text with a Whisper model.
+
+    The text goes to stdout segment by segment as it is recognised (text, srt and vtt; json
+    and verbose_json at the end), the language and the real-time factor to stderr. Audio of
+    any length is read in windows, so memory holds a window, not the file.
+
+    \b
+    Examples:
+      tallow transcribe meeting.m4a --format srt > meeting.srt
+      tallow transcribe *.mp3 -o transcripts/ --language en
+    """
+    from tallow.runtime.speech.listen import Ask
+
+    if fmt not in EXTENSIONS:
+        raise typer.BadParameter(f"{fmt!r} is not one of {', '.join(EXTENSIONS)}", param_hint="--format")
+    if word_timestamps and fmt != "verbose_json":
+        raise typer.BadParameter("word timestamps are written in verbose_json only", param_hint="--word-timestamps")
+    if files.count("-") > 1 or ("-" in files and output is not None and len(files) > 1):
+        raise typer.BadParameter("stdin ('-') can be read once, and alone with --output", param_hint="FILES")
+    if output is None and len(files) > 1:
+        raise typer.BadParameter("several files need --output DIR (one transcript each)", param_hint="--output")
+    whisper = _open(model, threads, offline)
+    ask = Ask(language=language, translate=translate, prompt=prompt, temperature=temperature, words=word_timestamps,
+              vad=not no_vad)
+    failed = 0
+    for name in files:
+        try:
+            _one(whisper, name, ask, fmt, output)
+        except TallowError as exc:
+            if output is None:
+                raise
+            failed += 1
+            err_console().print(f"error: {name}: {exc.message}", soft_wrap=True, markup=False, highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _open(model: str, threads: int | None, offline: bool):
+    from tallow.cli.models import find_model
+    from tallow.runtime.backend.whisper import Whisper
+    from tallow.runtime.host.threads import physical_cores
+
+    local = find_model(model, offline)
+    if local.kind != "whisper":
+        raise TallowError(f"{local.name} is not a speech-to-text model",
+                          "give a Whisper model: tallow import FOLDER (a CTranslate2 Whisper model), then --model NAME")
+    return Whisper(local.path, threads or physical_cores())
+
+
+def _one(whisper, name: str, ask, fmt: str, output: Path | None) -> None:
+    from tallow.common.files import write_atomic
+    from tallow.runtime.speech.listen import transcribe
+    from tallow.runtime.speech.transcript import Transcript, document, head, piece, streams
+
+    source = _source(name)
+    shown = "stdin" if name == "-" else name
+    target = None if output is None else output / f"{'stdin' if name == '-' else Path(name).stem}.{EXTENSIONS[fmt]}"
+    if target is not None and target.exists():
+        err_console().print(f"{shown}: {target} is there already, skipped", soft_wrap=True, markup=False)
+        return
+    heard = Transcript()
+    live = target is None and streams(fmt)
+    if live:
+        sys.stdout.write(head(fmt))
+    for seg in transcribe(whisper, source, shown, ask, heard):
+        if live:
+            sys.stdout.write(piece(fmt, seg, seg.id + 1))
+            sys.stdout.flush()
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, document(fmt, heard, ask.words).encode())
+    elif not live:
+        sys.stdout.write(document(fmt, heard, ask.words))
+    rtf = heard.realtime_factor
+    err_console().print(f"{shown}: {heard.duration:.1f} s of audio in {heard.elapsed:.1f} s"
+                        f"{f' (real-time factor {rtf:.2f})' if rtf is not None else ''}, language {heard.language}"
+                        f"{f' ({heard.language_probability:.2f})' if heard.language_probability is not None and not ask.language else ''}"
+                        f"{f', written to {target}' if target else ''}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _source(name: str):
+    if name == "-":
+        data = sys.stdin.buffer.read(MAX_STDIN + 1)
+        if len(data) > MAX_STDIN:
+            raise TallowError("the audio on stdin is larger than 2 GiB", "give the file's path instead")
+        return io.BytesIO(data)
+    path = Path(name)
+    if not path.is_file():
+        raise TallowError(f"{name} does not exist" if not path.exists() else f"{name} is not a file")
+    return path
