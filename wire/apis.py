@@ -29,6 +29,7 @@ class Route:
     methods: tuple[str, ...] = ("POST",)
     prefixes: tuple[str, ...] = ("",)  # ("/v1", ""): OpenAI's clients given a bare base URL leave /v1 out
     front: bool = False  # answered by the multi-model front itself (the store), not relayed to a runner
+    max_body: int | None = None  # bytes a body may hold here, when more than the server's --max-body (an upload)
 
     def paths(self) -> list[str]:
         return [p + self.path for p in self.prefixes]
@@ -44,12 +45,16 @@ class API:
 
 
 BOTH = ("/v1", "")
+AUDIO_BODY = 25 * 1024 * 1024  # OpenAI's limit on an audio upload
 
 OPENAI = API("openai", "openai", (
     Route("/chat/completions", GENERATE, "chat_completions", prefixes=BOTH),
     Route("/completions", GENERATE, "completions", prefixes=("/v1",)),  # bare /completions is llama.cpp's
     Route("/embeddings", EMBED, "embeddings", prefixes=BOTH),
     Route("/models", READ, "models", ("GET",), BOTH, front=True),  # a runner lists its own model
+    # speech to text: a Whisper model has no runner, the front answers (serve/front/audio_route.py)
+    Route("/audio/transcriptions", GENERATE, "transcriptions", prefixes=BOTH, front=True, max_body=AUDIO_BODY),
+    Route("/audio/translations", GENERATE, "translations", prefixes=BOTH, front=True, max_body=AUDIO_BODY),
 ), lambda err: err.body())
 RESPONSES = API("responses", "responses", (
     Route("/responses", GENERATE, "responses", prefixes=BOTH),
@@ -101,6 +106,12 @@ def routes(*kinds: str) -> list[tuple[str, Route]]:
     """(path, route) for every route of these kinds (all for none) that some app answers."""
     return [(path, r) for api in APIS for r in api.routes if (not kinds or r.kind in kinds) and r.handler
             for path in r.paths()]
+
+
+def body_limit(path: str, default: int) -> int:
+    """The most bytes a body to `path` may hold: the route's own limit where it takes uploads."""
+    found = BY_PATH.get(path)
+    return max(default, found[1].max_body or 0) if found is not None else default
 
 
 def kind_of(path: str) -> str | None:

@@ -114,19 +114,22 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
     """The multi-model front on its socket, its runners started, until SIGTERM or Ctrl-C."""
     from importlib.metadata import version
 
+    from tallow.runtime.host.threads import physical_cores
     from tallow.serve.front.front_app import FrontConfig, create_front
     from tallow.serve.http.replica import Replica
 
     sock = _listen(listen.host, listen.port)  # before loading: a taken port fails fast
     with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
-        pool, registry, names = _start_pool(models, base(history), per_model, private, pool_flags.max_models,
+        conf = base(history)
+        pool, registry, names = _start_pool(models, conf, per_model, private, pool_flags.max_models,
                                            pool_flags.budget(), keep, offline, aliases)
-        _start_recheck(pool, base(history).threads)
+        _start_recheck(pool, conf.threads)
         try:
             replica = Replica()
             guard = listen.guard(names[0] if names else "", history)
-            app = create_front(pool, registry, FrontConfig(guard, names[0] if names else None, version("tallow")), replica)
+            front = FrontConfig(guard, names[0] if names else None, version("tallow"), conf.threads or physical_cores())
+            app = create_front(pool, registry, front, replica)
             run_uvicorn(app, sock, functools.partial(_started, pool, names, replica, sock, listen), replica,
                         listen.drain_timeout, listen.header_timeout)
         finally:

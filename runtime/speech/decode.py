@@ -34,8 +34,9 @@ def _open(source: Path | BinaryIO, name: str):
 
 
 def _why(exc: BaseException) -> str:
-    text = str(exc).split(":")[-1].strip() if str(exc) else type(exc).__name__
-    return text or type(exc).__name__
+    """FFmpeg's own words for what went wrong (not its errno and file name)."""
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text[0].lower() + text[1:] if text else type(exc).__name__
 
 
 def blocks(source: Path | BinaryIO, name: str, max_seconds: float = MAX_SECONDS) -> Iterator[np.ndarray]:

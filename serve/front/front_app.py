@@ -30,6 +30,7 @@ from starlette.routing import Route
 from tallow.common.errors import TallowError
 from tallow.serve.config import ServerConfig
 from tallow.serve.front import upstream
+from tallow.serve.front.audio_route import Listener
 from tallow.serve.front.pool import Pool, Runner
 from tallow.serve.front.proxy import Proxy
 from tallow.serve.front.registry import Registry
@@ -52,6 +53,7 @@ class FrontConfig:
     guard: ServerConfig  # host, API key, CORS, body size
     default_model: str | None = None  # for requests that name none (the first model named at start)
     version: str = "0"
+    threads: int = 2  # for a Whisper model, which the front runs itself
 
 
 def create_front(pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica | None = None) -> Guard:
@@ -68,6 +70,8 @@ class FrontApp:
         self.stored = ResponseStore(cfg.guard.history)
         self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
         self.keys = KeyCheck(cfg.guard.keys) if cfg.guard.keys else None  # serve --auth keys
+        self.listener = Listener(registry, cfg.threads)  # speech to text: Whisper models, in this process
+        self.transcriptions, self.translations = self.listener.transcriptions, self.listener.translations
 
     def asgi(self) -> Guard:
         routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),

@@ -16,6 +16,7 @@ from tallow.serve.http.body import too_large
 from tallow.serve.http.errors import error_response, send_error
 from tallow.serve.http.key_check import KeyCheck
 from tallow.serve.http.replica import PROBES
+from tallow.wire.apis import body_limit
 from tallow.wire.fields import APIError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -110,9 +111,9 @@ class Guard:
 
     async def admitted(self, scope, receive, send, headers: dict[str, str]) -> None:
         """Past the key: the body's size, and a draining replica's refusal."""
-        length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.cfg.max_body):
-            return await send_error(scope, receive, send, too_large(self.cfg.max_body))
+        length, limit = headers.get("content-length"), body_limit(scope["path"], self.cfg.max_body)
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await send_error(scope, receive, send, too_large(limit))
         if self.replica is None or scope["path"] in PROBES:
             return await self.app(scope, receive, send)
         if not self.replica.admit():

@@ -1,0 +1,188 @@
+"""OpenAI's /v1/audio/transcriptions and /v1/audio/translations, answered by the front.
+
+A Whisper model has no runner: the front loads it (runtime/backend/whisper.py, once, kept)
+and recognises an upload on a worker thread, one at a time per model, through the same
+`listen.transcribe` as `tallow transcribe`. The form is OpenAI's: `file` and `model`, then
+`language` (transcriptions only), `prompt`, `response_format`, `temperature`,
+`timestamp_granularities[]` and `stream`; a field tallow does not implement is refused by
+name. `stream=true` sends `transcript.text.delta` events, a segment each, then
+`transcript.text.done` (docs/DESIGN.md, "Speech to text").
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from typing import Any
+
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from tallow.common.errors import APIError, TallowError
+from tallow.serve.http.body import read_body
+from tallow.serve.http.streaming import ClosingStreamingResponse
+from tallow.wire.apis import body_limit
+
+FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
+          "timestamp_granularities", "stream"}
+
+
+class Listener:
+    """The two audio routes, over the front's registry of stored models."""
+
+    def __init__(self, registry, threads: int) -> None:
+        self.registry, self.threads = registry, threads
+        self.loaded: dict[str, Any] = {}
+        self.locks: dict[str, threading.Lock] = {}
+        self.guard = threading.Lock()
+
+    async def transcriptions(self, request: HTTPRequest) -> Response:
+        return await self.answer(request, translate=False)
+
+    async def translations(self, request: HTTPRequest) -> Response:
+        return await self.answer(request, translate=True)
+
+    async def answer(self, request: HTTPRequest, translate: bool) -> Response:
+        from tallow.runtime.speech.listen import Ask
+        from tallow.runtime.speech.transcript import FORMATS
+
+        form = await _form(request, await read_body(request, body_limit(request.url.path, 0)))
+        unknown = sorted(set(form) - FIELDS - ({"language"} if translate else set()))
+        if unknown or (translate and "language" in form):
+            name = unknown[0] if unknown else "language"
+            raise APIError(f"'{name}' is not a field tallow's {'translations' if translate else 'transcriptions'} "
+                           "route takes", param=name)
+        upload, model = form.get("file"), form.get("model")
+        if upload is None or isinstance(upload, str):
+            raise APIError("'file' is required: the audio, as a file part of the form", param="file")
+        if not isinstance(model, str) or not model:
+            raise APIError("'model' is required: a stored Whisper model's name", param="model")
+        fmt = str(form.get("response_format") or "json")
+        if fmt not in FORMATS:
+            raise APIError(f"'response_format' must be one of {', '.join(FORMATS)}", param="response_format")
+        grains = set(form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities"))
+        if grains - {"segment", "word"} or (grains and fmt != "verbose_json"):
+            raise APIError("'timestamp_granularities[]' takes segment and word, with response_format verbose_json",
+                           param="timestamp_granularities[]")
+        ask = Ask(language=_text(form, "language"), translate=translate, prompt=_text(form, "prompt"),
+                  temperature=_temperature(form), words="word" in grains)
+        whisper, lock = await run_in_threadpool(self.model, model)
+        data = io.BytesIO(await upload.read())
+        name = upload.filename or "upload"
+        if _flag(form, "stream"):
+            return ClosingStreamingResponse(iterate_in_threadpool(_events(whisper, lock, data, name, ask)),
+                                            media_type="text/event-stream")
+        try:
+            heard = await run_in_threadpool(_whole, whisper, lock, data, name, ask)
+        except APIError:
+            raise
+        except TallowError as exc:  # the audio could not be read, a language Whisper does not know
+            raise APIError(exc.message, param="file") from exc
+        return _response(fmt, heard, ask.words)
+
+    def model(self, name: str):
+        """The named Whisper model, loaded once (and a lock: one recognition at a time)."""
+        local = self.registry.find(name)
+        if local.kind != "whisper":
+            raise APIError(f"'{local.name}' is not a speech-to-text model: give a stored Whisper model",
+                           param="model", code="model_not_found")
+        with self.guard:
+            if local.name not in self.loaded:
+                from tallow.runtime.backend.whisper import Whisper
+
+                try:
+                    self.loaded[local.name] = Whisper(local.path, self.threads)
+                except TallowError as exc:
+                    raise APIError(exc.message + (f" ({exc.hint})" if exc.hint else ""), 501,
+                                   kind="server_error") from exc
+                self.locks[local.name] = threading.Lock()
+            return self.loaded[local.name], self.locks[local.name]
+
+
+async def _form(request: HTTPRequest, raw: bytes):
+    """The multipart form of a body already read (within its limit)."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    try:
+        return await HTTPRequest(request.scope, receive).form(max_files=1, max_fields=32)
+    except AssertionError as exc:  # starlette without python-multipart
+        raise APIError(f"this server cannot read forms: {exc}", 501, kind="server_error") from exc
+    except Exception as exc:  # noqa: BLE001 - starlette's MultiPartException and the parser's own errors
+        raise APIError(f"the body is not a multipart form this route can read: {exc}", param="file") from exc
+
+
+def _text(form, field: str) -> str | None:
+    value = form.get(field)
+    if value is not None and not isinstance(value, str):
+        raise APIError(f"'{field}' must be text", param=field)
+    return value or None
+
+
+def _temperature(form) -> float | None:
+    raw = _text(form, "temperature")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise APIError("'temperature' must be a number from 0 to 1", param="temperature") from None
+    if not 0.0 <= value <= 1.0:
+        raise APIError("'temperature' must be a number from 0 to 1", param="temperature")
+    return value
+
+
+def _flag(form, field: str) -> bool:
+    raw = (_text(form, field) or "false").lower()
+    if raw not in ("true", "false"):
+        raise APIError(f"'{field}' must be true or false", param=field)
+    return raw == "true"
+
+
+def _whole(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask):
+    from tallow.runtime.speech.listen import transcribe
+    from tallow.runtime.speech.transcript import Transcript
+
+    heard = Transcript()
+    with lock:
+        for _ in transcribe(whisper, data, name, ask, heard):
+            pass
+    return heard
+
+
+def _response(fmt: str, heard, words: bool) -> Response:
+    from tallow.runtime.speech.transcript import as_json, document
+
+    if fmt in ("json", "verbose_json"):
+        return JSONResponse(as_json(fmt, heard, words))
+    media = {"srt": "application/x-subrip", "vtt": "text/vtt"}.get(fmt, "text/plain")
+    return PlainTextResponse(document(fmt, heard, words), media_type=media)
+
+
+def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask):
+    """Server-sent events as OpenAI streams a transcription: a delta a segment, then done
+    (an error after the first event is an error event, the stream's own shape)."""
+    from tallow.runtime.speech.listen import transcribe
+    from tallow.runtime.speech.transcript import Transcript
+
+    heard = Transcript()
+    try:
+        with lock:
+            for seg in transcribe(whisper, data, name, ask, heard):
+                yield _event({"type": "transcript.text.delta", "delta": seg.text if seg.id else seg.text.lstrip()})
+        yield _event({"type": "transcript.text.done", "text": heard.text,
+                      "usage": {"type": "duration", "seconds": round(heard.duration, 3)}})
+    except TallowError as exc:
+        yield _event({"type": "error", "error": {"message": exc.message, "type": "invalid_request_error"}})
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()

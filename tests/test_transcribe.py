@@ -1,0 +1,194 @@
+"""tallow transcribe with a real Whisper model (Whisper base, from the package index) on
+clips spoken by espeak-ng: the store's Whisper kind, the formats, any container, many files
+resumed, long audio in windows, and hostile files refused in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import numpy as np
+import pytest
+from helpers.processes import run_tallow
+from helpers.speech import encode, samples, spoken, whisper_folder, write_wav
+
+FOX = "The quick brown fox jumps over the lazy dog."
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def heard_fox(text: str) -> bool:
+    return {"quick", "brown", "fox", "lazy", "dog"} <= words(text)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("speech-home")
+    done = run_tallow(["import", str(whisper_folder()), "--name", "whisper:base", "--link"], home=home)
+    assert done.returncode == 0, done.stderr.decode()
+    return home
+
+
+@pytest.fixture(scope="module")
+def fox(tmp_path_factory):
+    return spoken(FOX, tmp_path_factory.mktemp("clips") / "fox.wav")
+
+
+def transcribe(home, *args: str, input: bytes = b""):
+    return run_tallow(["transcribe", *args], home=home, input=input)
+
+
+def test_a_whisper_folder_is_a_model_of_its_own_kind(home):
+    listed = json.loads(run_tallow(["list", "--json"], home=home).stdout)
+    assert [(m["name"], m["media"]) for m in listed] == [("whisper:base", ["transcription"])]
+    shown = json.loads(run_tallow(["show", "whisper:base", "--json"], home=home).stdout)
+    assert shown["architecture"] == "whisper" and shown["languages"] == 99
+    assert sorted(shown["files"]) == ["config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]
+    refused = run_tallow(["run", "whisper:base", "hello"], home=home)
+    assert refused.returncode == 1 and "speech-to-text model" in refused.stderr.decode()
+    assert "tallow transcribe" in refused.stderr.decode()
+    fit = run_tallow(["show", "whisper:base", "--fit"], home=home)
+    assert fit.returncode == 1 and "--fit does not apply" in fit.stderr.decode()
+
+
+def test_text_streams_to_stdout_and_the_stats_to_stderr(home, fox):
+    done = transcribe(home, str(fox))
+    assert done.returncode == 0, done.stderr.decode()
+    assert heard_fox(done.stdout.decode())
+    err = done.stderr.decode()
+    assert "s of audio in" in err and "real-time factor" in err and "language en" in err
+
+
+def test_formats_as_openai_writes_them(home, fox):
+    srt = transcribe(home, str(fox), "--format", "srt").stdout.decode()
+    assert re.match(r"1\n00:00:0\d,\d{3} --> 00:00:0\d,\d{3}\n.+\n\n", srt) and heard_fox(srt)
+    vtt = transcribe(home, str(fox), "--format", "vtt").stdout.decode()
+    assert vtt.startswith("WEBVTT\n\n00:00:0") and re.search(r"\d\d\.\d{3} --> ", vtt)
+    plain = json.loads(transcribe(home, str(fox), "--format", "json").stdout)
+    assert heard_fox(plain["text"]) and plain["usage"]["type"] == "duration"
+    full = json.loads(transcribe(home, str(fox), "--format", "verbose_json", "--word-timestamps").stdout)
+    clip, rate = samples(fox)
+    assert full["language"] == "en" and full["task"] == "transcribe"
+    assert abs(full["duration"] - len(clip) / rate) < 0.05
+    assert full["segments"] and full["segments"][0]["start"] < 1.0 <= full["segments"][-1]["end"]
+    assert {"fox", "dog"} <= {w["word"].strip(" .").lower() for w in full["words"]}
+    starts = [w["start"] for w in full["words"]]
+    assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("suffix, codec", [("flac", "flac"), ("ogg", "libopus"), ("m4a", "aac"), ("mp3", "mp3"),
+                                           ("webm", "libopus")])
+def test_any_container_is_decoded(home, fox, tmp_path, suffix, codec):
+    clip = encode(fox, tmp_path / f"fox.{suffix}", codec)
+    done = transcribe(home, str(clip))
+    assert done.returncode == 0, done.stderr.decode()
+    assert heard_fox(done.stdout.decode())
+
+
+def test_stdin_and_many_files_resumed(home, fox, tmp_path):
+    piped = transcribe(home, "-", input=fox.read_bytes())
+    assert piped.returncode == 0 and heard_fox(piped.stdout.decode())
+    other = spoken("Seven green bottles stand on the wall.", tmp_path / "bottles.wav")
+    broken = tmp_path / "broken.mp3"
+    broken.write_bytes(b"ID3\x03\x00\x00\x00\x00\x00\x00" + bytes(range(256)) * 20)
+    out = tmp_path / "out"
+    done = transcribe(home, str(fox), str(broken), str(other), "-o", str(out), "--format", "srt")
+    assert done.returncode == 1
+    assert re.search(r"error: .*broken\.mp3: .*\n", done.stderr.decode())
+    assert sorted(p.name for p in out.iterdir()) == ["bottles.srt", "fox.srt"]
+    assert heard_fox((out / "fox.srt").read_text()) and "bottles" in words((out / "bottles.srt").read_text())
+    again = transcribe(home, str(fox), str(other), "-o", str(out), "--format", "srt")
+    assert again.returncode == 0 and again.stderr.decode().count("skipped") == 2
+
+
+def test_long_audio_in_windows_keeps_its_timestamps(fox):
+    # three readings 40 s apart, recognised in 30-second windows: each found once, at its time
+    from tallow.runtime.backend.whisper import Whisper
+    from tallow.runtime.speech.listen import Ask, transcribe
+    from tallow.runtime.speech.transcript import Transcript
+
+    clip, rate = samples(fox)
+    gap = np.zeros(40 * rate - len(clip), dtype=np.float32)
+    long = write_wav(fox.with_name("three.wav"), np.concatenate([clip, gap, clip, gap, clip]), rate)
+    heard = Transcript()
+    segments = list(transcribe(Whisper(whisper_folder(), 2), long, long.name, Ask(window_s=30.0), heard))
+    foxes = [s for s in segments if "fox" in words(s.text)]
+    assert [round(s.start / 40) for s in foxes] == [0, 1, 2]
+    assert [s.id for s in segments] == list(range(len(segments)))
+    assert abs(heard.duration - 80 - len(clip) / rate) < 0.05 and heard.language == "en"
+
+
+def test_hostile_files_are_refused_in_one_line(home, tmp_path):
+    cases = {
+        "noise.wav": bytes(range(256)) * 64,
+        "empty.flac": b"",
+        "truncated.wav": b"RIFF\xff\xff\xff\x7fWAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x44\xac\x00\x00",
+        "absurd.wav": b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\xff\xff\xff\xff"
+                      b"\x00\x00\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00",
+    }
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        done = transcribe(home, str(path))
+        err = done.stderr.decode()
+        assert done.returncode == 1, (name, err)
+        assert err.startswith("error: ") and "Traceback" not in err, (name, err)
+    missing = transcribe(home, str(tmp_path / "nowhere.wav"))
+    assert missing.returncode == 1 and "does not exist" in missing.stderr.decode()
+
+
+def test_flags_that_do_not_go_together_are_refused(home, fox):
+    for args, flag in [(["--format", "docx"], "--format"), (["--word-timestamps"], "--word-timestamps"),
+                       ([str(fox)], "--output")]:
+        done = transcribe(home, str(fox), *args)
+        assert done.returncode == 2 and flag in done.stderr.decode()
+    model = run_tallow(["transcribe", str(fox), "--model", "nothing:here", "--offline"], home=home)
+    assert model.returncode == 1 and "nothing:here" in model.stderr.decode()
+
+
+def test_the_openai_client_transcribes_and_translates_through_serve(home, fox, tmp_path):
+    openai = pytest.importorskip("openai")
+    from helpers.server import Server
+
+    german = encode(spoken("Guten Morgen. Heute ist das Wetter sehr schön, und die Sonne scheint.",
+                           tmp_path / "de.wav", "de"), tmp_path / "de.mp3", "mp3")
+    server = Server(None, home)
+    try:
+        client = server.client()
+        with open(fox, "rb") as f:
+            plain = client.audio.transcriptions.create(model="whisper:base", file=f)
+        assert heard_fox(plain.text) and plain.usage.type == "duration" and plain.usage.seconds > 2
+        with open(fox, "rb") as f:
+            full = client.audio.transcriptions.create(model="whisper:base", file=f, response_format="verbose_json",
+                                                      timestamp_granularities=["word", "segment"])
+        assert full.language == "en" and full.segments and {"fox", "dog"} <= {w.word.strip(" .").lower() for w in full.words}
+        with open(fox, "rb") as f:
+            srt = client.audio.transcriptions.create(model="whisper:base", file=f, response_format="srt")
+        assert srt.startswith("1\n00:00:00,000 --> ") and heard_fox(srt)
+        with open(fox, "rb") as f:
+            events = list(client.audio.transcriptions.create(model="whisper:base", file=f, stream=True))
+        assert [e.type for e in events][-1] == "transcript.text.done" and heard_fox(events[-1].text)
+        assert "".join(e.delta for e in events[:-1]).strip() == events[-1].text
+        with open(german, "rb") as f:
+            german_text = client.audio.transcriptions.create(model="whisper:base", file=f, language="de").text
+        with open(german, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the client marks the route deprecated
+            english = client.audio.translations.create(model="whisper:base", file=f).text
+        assert {"guten", "morgen", "heute"} <= words(german_text) and {"good", "morning", "today"} <= words(english)
+        refusals = [
+            ({"model": "whisper:base", "file": ("x.mp3", b"not audio at all")}, "cannot be read as audio"),
+            ({"model": "whisper:base", "file": open(fox, "rb"), "extra_body": {"chunking_strategy": "auto"}},
+             "'chunking_strategy' is not a field"),
+            ({"model": "whisper:base", "file": open(fox, "rb"), "response_format": "docx"}, "response_format"),
+            ({"model": "nothing:here", "file": open(fox, "rb")}, "nothing:here"),
+        ]
+        for kwargs, said in refusals:
+            with pytest.raises(openai.APIStatusError) as err:
+                client.audio.transcriptions.create(**kwargs)
+            assert err.value.status_code in (400, 404) and said in str(err.value.message), kwargs
+        assert server.health()["status"] == "ok"  # and it keeps serving
+    finally:
+        server.close()
