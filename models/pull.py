@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from tallow.common.files import sha256_file
-from tallow.models.catalog import PackagedModel
+from tallow.models.catalog import PackagedFolder, PackagedModel
 from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress
 from tallow.models.errors import GGUFError, OfflineError, TallowError
 from tallow.models.fetch import fetch_packaged
@@ -114,10 +114,13 @@ def _remote_headers(hub: Hub, repo: str, files: list) -> list[GGUFInfo] | None:
     return infos
 
 
-def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progress: ProgressFn = no_progress) -> Manifest:
+def pull(ref: HubRef | PackagedModel | PackagedFolder, store: Store, opts: PullOptions,
+         on_progress: ProgressFn = no_progress) -> Manifest:
     if opts.offline:
         raise OfflineError(f"model {ref.name} is not stored locally and offline mode is on",
                            "pull it while online, or run a local .gguf file by path")
+    if isinstance(ref, PackagedFolder):
+        return _pull_folder(ref, store, opts, on_progress)
     projector: tuple[StoredFile, ProjectorFacts] | None = None
     if isinstance(ref, PackagedModel):
         if opts.mmproj is not None:
@@ -142,6 +145,22 @@ def pull(ref: HubRef | PackagedModel, store: Store, opts: PullOptions, on_progre
     manifest = Manifest(ref.name, files, source, license_ or (lic if isinstance(lic, str) else None), gguf_facts(infos),
                         projector=projector[0] if projector else None,
                         projector_facts=projector[1].to_json() if projector else {})
+    store.commit(manifest)
+    return manifest
+
+
+def _pull_folder(ref: PackagedFolder, store: Store, opts: PullOptions, on_progress: ProgressFn) -> Manifest:
+    """A model of named files from wheels (a Whisper model), stored as its kind."""
+    from tallow.models.fetch import fetch_folder
+    from tallow.models.whisper import facts
+
+    if opts.mmproj is not None:
+        raise TallowError(f"{ref.name} comes from a package with no projector: --mmproj names a hub repository's file")
+    _preflight(store, opts, ref.name, ref.size, 3 * ref.size)  # the wheels and the files, side by side
+    files = fetch_folder(ref, store, opts.index_urls(), on_progress)
+    manifest = Manifest(ref.name, files, {"kind": "wheel", "packages": sorted({p.package for f in ref.files for p in f.parts})},
+                        ref.license, {}, kind=ref.kind)
+    manifest.gguf = facts(store.folder(manifest))
     store.commit(manifest)
     return manifest
 

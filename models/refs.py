@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tallow.models.catalog import CATALOG, HubModel, PackagedModel
+from tallow.models.catalog import CATALOG, HubModel, PackagedFolder, PackagedModel
 from tallow.models.errors import InvalidName
 from tallow.models.names import DEFAULT_TAG, parse_name
 
@@ -42,7 +42,7 @@ class NameRef:
     name: str
 
 
-Ref = PathRef | NameRef | HubRef | PackagedModel
+Ref = PathRef | NameRef | HubRef | PackagedModel | PackagedFolder
 
 
 def is_path(text: str) -> bool:
@@ -68,7 +68,7 @@ def parse_ref(text: str) -> Ref:
     if is_path(text):
         return PathRef(Path(os.path.expanduser(text)))  # '~nobody-here' stays as written, not an error
     entry = CATALOG.get(text)
-    if isinstance(entry, PackagedModel):
+    if isinstance(entry, (PackagedModel, PackagedFolder)):
         return entry
     if isinstance(entry, HubModel):
         return HubRef(entry.repo, entry.quant, None, entry.name)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tallow.models.catalog import CATALOG, PackagedModel
+from tallow.models.catalog import CATALOG, PackagedFolder, PackagedModel
 from tallow.models.download import ProgressFn, no_progress
 from tallow.models.errors import IntegrityError, ModelNotFound
 from tallow.models.gguf_file import check_gguf
@@ -34,7 +34,7 @@ class LocalModel:
         return self.paths[0]
 
 
-def locate(text: str, store: Store) -> LocalModel | HubRef | PackagedModel:
+def locate(text: str, store: Store) -> LocalModel | HubRef | PackagedModel | PackagedFolder:
     """The local files for `text`, or the reference to pull when it is not stored."""
     ref = parse_ref(text)
     if isinstance(ref, PathRef):

