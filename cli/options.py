@@ -49,7 +49,7 @@ MaxTokens = option("max_tokens")
 Stop = option("stop")
 ServeSeed = option("seed", "Seed for requests that give none [default: a fresh one each].")
 Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
-Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the model hear this WAV file (repeatable; '-' reads it from stdin); needs a projector with an audio encoder.", show_default=False)]
+Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the model hear this audio file: WAV, or MP3, FLAC, Ogg, M4A, WebM with tallow[speech] (repeatable; '-' reads it from stdin); needs a projector with an audio encoder.", show_default=False)]
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
 HideThinking = Annotated[bool, typer.Option("--hide-thinking", help="Do not show a reasoning model's thinking (it is still counted).")]
@@ -138,9 +138,9 @@ def read_media(images: list[str] | None, audio: list[str] | None) -> list:
     """The --image and --audio files, decoded and checked before any model is loaded; one
     of them may be '-', read from stdin."""
     from tallow.runtime.media import MediaError, decode_image
-    from tallow.runtime.media.audio import decode_wav
+    from tallow.runtime.media.audio import decode_audio
 
-    given = [(p, "image", decode_image) for p in images or ()] + [(p, "audio", decode_wav) for p in audio or ()]
+    given = [(p, "image", decode_image) for p in images or ()] + [(p, "audio", decode_audio) for p in audio or ()]
     if sum(p == "-" for p, _, _ in given) > 1:
         raise typer.BadParameter("only one --image or --audio can read stdin ('-')", param_hint="--image")
     out = []

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from tallow.common.files import sha256_file
 from tallow.models.errors import FetchError, IntegrityError
 from tallow.models.names import check_digest
-from tallow.models.store import Store
+from tallow.models.store import Store, StoredFile
 
 ProgressFn = Callable[[str, int, int], None]  # (label, done_bytes, total_bytes)
 _CHUNK = 1 << 20
@@ -156,3 +157,34 @@ def _verify(partial: Path, exp: Expected, label: str) -> str:
             "try again; if it happens again, the server or a proxy is serving a different file",
         )
     return f"sha256-{actual}"
+
+
+def place_file(path: Path, store: Store, link: bool, on_progress: ProgressFn) -> StoredFile:
+    """A local file into the store: hashed and used in place (--link), or copied as a blob."""
+    stat = path.stat()
+    if link:
+        return StoredFile(path.name, f"sha256-{sha256_file(path)}", stat.st_size, linked=str(path),
+                          mtime_ns=stat.st_mtime_ns)
+    tmp = store.temp_file(".import.partial")
+    try:
+        digest = _copy_hashing(path, tmp, stat.st_size, on_progress)
+        store.adopt_blob(tmp, digest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return StoredFile(path.name, digest, stat.st_size)
+
+
+def _copy_hashing(src: Path, dest: Path, total: int, on_progress: ProgressFn) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    done = 0
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(1 << 20):
+            fout.write(chunk)
+            h.update(chunk)
+            done += len(chunk)
+            on_progress("copy", done, total)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return f"sha256-{h.hexdigest()}"

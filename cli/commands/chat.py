@@ -25,7 +25,7 @@ HELP = """commands:
   /set PARAM VALUE      one of: {params}
   /show                 model, settings, context used
   /image PATH           show the model this image with the next message (needs a projector)
-  /audio PATH           let the model hear this WAV file with the next message (an audio projector)
+  /audio PATH           let the model hear this audio file with the next message (an audio projector)
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
   /bye                  leave (or Ctrl-D)
@@ -172,14 +172,14 @@ def _attach(conv: Conversation, path: str, say, noun: str = "image") -> None:
     from pathlib import Path
 
     from tallow.runtime.media import decode_image
-    from tallow.runtime.media.audio import decode_wav
+    from tallow.runtime.media.audio import decode_audio
 
     if not path:
         say(f"error: /{noun} needs a PATH", soft_wrap=True)
         return
     try:
         raw = Path(path).expanduser().read_bytes()
-        media = decode_wav(raw, f"the audio {path}") if noun == "audio" else decode_image(raw, f"the image {path}")
+        media = decode_audio(raw, f"the audio {path}") if noun == "audio" else decode_image(raw, f"the image {path}")
         conv.attach(media)
     except OSError as exc:
         say(f"error: cannot read the {noun} {path}: {exc.strerror or exc}", markup=False, soft_wrap=True)

@@ -95,6 +95,34 @@ def decode_wav(raw: bytes, name: str = "the audio", max_bytes: int = MAX_BYTES) 
     return Media("audio", key, data, samples.size, 1, rate)
 
 
+FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm")  # what input_audio's format may name
+
+
+def decode_audio(raw: bytes, name: str = "the audio", max_bytes: int = MAX_BYTES) -> Media:
+    """Audio of any format as mono float samples: WAV read here, every other container
+    decoded by PyAV (runtime/speech/decode.py, the speech extra) at 16 kHz, under the same
+    limits."""
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE" or not raw:
+        return decode_wav(raw, name, max_bytes)
+    if len(raw) > max_bytes:
+        raise MediaError(f"{name} is {len(raw):,} bytes, more than the limit of {max_bytes:,}")
+    try:
+        from tallow.runtime.speech.decode import RATE, whole
+    except ImportError:
+        raise MediaError(f"{name} is not a WAV file, and reading other formats needs PyAV",
+                         'pip install "tallow[speech]", or give a WAV file') from None
+    import io
+
+    try:
+        samples = whole(io.BytesIO(raw), name, MAX_SECONDS)
+    except ImportError:
+        raise MediaError(f"{name} is not a WAV file, and reading other formats needs PyAV",
+                         'pip install "tallow[speech]", or give a WAV file') from None
+    data = samples.tobytes()
+    key = hashlib.sha256(b"audio %d:" % RATE + data).hexdigest()[:32]
+    return Media("audio", key, data, samples.size, 1, RATE)
+
+
 def resample(media: Media, rate: int) -> Media:
     """Audio at `rate` samples a second (a windowed-sinc filter, cut off below the lower
     rate's Nyquist frequency); the key stays the clip's."""
