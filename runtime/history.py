@@ -74,8 +74,14 @@ def m006_keys_and_usage(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX usage_key_time ON usage(key, created)")
 
 
+def m007_audio_usage(db: sqlite3.Connection) -> None:
+    # speech to text is metered by the audio heard (serve/front/audio_route.py), in milliseconds
+    db.execute("ALTER TABLE usage ADD COLUMN audio_ms INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses,
-                                                          m004_drafts, m005_conversation_titles, m006_keys_and_usage]
+                                                          m004_drafts, m005_conversation_titles, m006_keys_and_usage,
+                                                          m007_audio_usage]
 
 
 def migrate(db: sqlite3.Connection) -> list[str]:

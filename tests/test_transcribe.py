@@ -249,3 +249,29 @@ def test_audio_for_a_projector_reads_any_container(fox, tmp_path, suffix, codec)
     lag = max(range(-2000, 2001, 4), key=lambda k: float(np.dot(ours[max(k, 0):n + min(k, 0)], theirs[max(-k, 0):n - max(k, 0)])))
     a, b = ours[max(lag, 0):n + min(lag, 0)], theirs[max(-lag, 0):n - max(lag, 0)]
     assert np.corrcoef(a, b)[0, 1] > 0.9  # the same sound, shifted by the codec's delay at most
+
+
+def test_a_keys_transcriptions_are_metered_by_the_audio_heard(home, fox, tmp_path):
+    pytest.importorskip("openai")
+    from helpers.server import Server
+
+    made = run_tallow(["keys", "create", "carol"], home=home)
+    assert made.returncode == 0, made.stderr.decode()
+    server = Server(None, home, "--auth", "keys")
+    try:
+        with open(fox, "rb") as f:
+            server.client(made.stdout.decode().strip()).audio.transcriptions.create(model="whisper:base", file=f)
+        with open(fox, "rb") as f:
+            with pytest.raises(Exception, match="401|API key"):
+                server.client("wrong").audio.transcriptions.create(model="whisper:base", file=f)
+    finally:
+        server.close()
+    clip, rate = samples(fox)
+    for _ in range(50):  # the row is written on the front's writer thread
+        rows = json.loads(run_tallow(["usage", "--json"], home=home).stdout or b"[]")
+        if rows:
+            break
+    assert [(r["key"], r["requests"]) for r in rows] == [("carol", 1)]
+    assert abs(rows[0]["audio_ms"] - 1000 * len(clip) / rate) < 50 and rows[0]["prompt_tokens"] == 0
+    shown = run_tallow(["usage"], home=home).stdout.decode()
+    assert re.search(r"carol  1 requests .* audio \d+\.\d s", shown)

@@ -146,6 +146,7 @@ def usage(
     for r in rows:
         priced = "" if table is None else (f"  cost {r['cost']:.4f}" if r["cost"] is not None
                                            else f"  cost ? (no price for {', '.join(r['unpriced'])})")
+        audio = f"  audio {r['audio_ms'] / 1000:.1f} s" if r["audio_ms"] else ""
         sys.stdout.write(f"{r[by]}  {r['requests']} requests  prompt {r['prompt_tokens']} "
                          f"({r['cached_tokens']} cached)  completion {r['completion_tokens']} "
-                         f"(reasoning {r['reasoning_tokens']})  media {r['media_tokens']}{priced}\n")
+                         f"(reasoning {r['reasoning_tokens']})  media {r['media_tokens']}{audio}{priced}\n")

@@ -11,9 +11,11 @@ name. `stream=true` sends `transcript.text.delta` events, a segment each, then
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import threading
+import time
 from typing import Any
 
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -32,11 +34,26 @@ FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature
 class Listener:
     """The two audio routes, over the front's registry of stored models."""
 
-    def __init__(self, registry, threads: int) -> None:
-        self.registry, self.threads = registry, threads
+    def __init__(self, registry, threads: int, usage: str | None = None) -> None:
+        """`usage`: the keys' database, where a key's transcriptions are metered (--auth keys)."""
+        self.registry, self.threads, self.usage = registry, threads, usage
         self.loaded: dict[str, Any] = {}
         self.locks: dict[str, threading.Lock] = {}
         self.guard = threading.Lock()
+        self.writer: Any = None  # a UsageWriter, made with the first metered request
+
+    def meter(self, request: HTTPRequest, model: str, audio_s: float, started: float) -> None:
+        """A row for the key that asked: the audio heard (the runners meter tokens likewise)."""
+        key = request.scope.get("state", {}).get("tallow.key")
+        if self.usage is None or key is None:
+            return
+        from tallow.serve.http.usage import Row, UsageWriter
+
+        with self.guard:
+            if self.writer is None:
+                self.writer = UsageWriter(self.usage)
+            writer = self.writer
+        writer.record(Row.heard(key.name, model, audio_s, (time.perf_counter() - started) * 1000))
 
     async def transcriptions(self, request: HTTPRequest) -> Response:
         return await self.answer(request, translate=False)
@@ -70,9 +87,10 @@ class Listener:
                   temperature=_temperature(form), words="word" in grains)
         whisper, lock = await run_in_threadpool(self.model, model)
         data = io.BytesIO(await upload.read())
-        name = upload.filename or "upload"
+        name, started = upload.filename or "upload", time.perf_counter()
+        done = functools.partial(self.meter, request, model, started=started)
         if _flag(form, "stream"):
-            return ClosingStreamingResponse(iterate_in_threadpool(_events(whisper, lock, data, name, ask)),
+            return ClosingStreamingResponse(iterate_in_threadpool(_events(whisper, lock, data, name, ask, done)),
                                             media_type="text/event-stream")
         try:
             heard = await run_in_threadpool(_whole, whisper, lock, data, name, ask)
@@ -80,6 +98,7 @@ class Listener:
             raise
         except TallowError as exc:  # the audio could not be read, a language Whisper does not know
             raise APIError(exc.message, param="file") from exc
+        done(heard.duration)
         return _response(fmt, heard, ask.words)
 
     def model(self, name: str):
@@ -167,7 +186,7 @@ def _response(fmt: str, heard, words: bool) -> Response:
     return PlainTextResponse(document(fmt, heard, words), media_type=media)
 
 
-def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask):
+def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask, done):
     """Server-sent events as OpenAI streams a transcription: a delta a segment, then done
     (an error after the first event is an error event, the stream's own shape)."""
     from tallow.runtime.speech.listen import transcribe
@@ -180,6 +199,7 @@ def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask):
                 yield _event({"type": "transcript.text.delta", "delta": seg.text if seg.id else seg.text.lstrip()})
         yield _event({"type": "transcript.text.done", "text": heard.text,
                       "usage": {"type": "duration", "seconds": round(heard.duration, 3)}})
+        done(heard.duration)
     except TallowError as exc:
         yield _event({"type": "error", "error": {"message": exc.message, "type": "invalid_request_error"}})
 

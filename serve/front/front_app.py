@@ -70,7 +70,7 @@ class FrontApp:
         self.stored = ResponseStore(cfg.guard.history)
         self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
         self.keys = KeyCheck(cfg.guard.keys) if cfg.guard.keys else None  # serve --auth keys
-        self.listener = Listener(registry, cfg.threads)  # speech to text: Whisper models, in this process
+        self.listener = Listener(registry, cfg.threads, cfg.guard.keys)  # speech to text: Whisper models, here
         self.transcriptions, self.translations = self.listener.transcriptions, self.listener.translations
 
     def asgi(self) -> Guard:

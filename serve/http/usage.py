@@ -23,7 +23,7 @@ from tallow.common.errors import TallowError
 from tallow.runtime.history import migrate
 from tallow.runtime.types import FinalEvent
 
-COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "media_tokens")
+COUNTS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "media_tokens", "audio_ms")
 GROUPS = {"key": "key", "model": "model", "day": "date(created, 'unixepoch')"}
 PRICE_FIELDS = ("input", "cached_input", "output")
 
@@ -37,6 +37,7 @@ class Row:
     completion_tokens: int
     reasoning_tokens: int
     media_tokens: int
+    audio_ms: int  # audio transcribed (speech to text is metered by what it heard)
     duration_ms: float
     finish_reason: str
     created: float
@@ -45,7 +46,12 @@ class Row:
     def of(cls, key: str, model: str, final: FinalEvent) -> Row:
         u = final.usage
         return cls(key, model, u.prompt_tokens or 0, u.cached_tokens or 0, u.completion_tokens, u.reasoning_tokens,
-                   u.media_tokens, round(final.timings.total_ms, 3), final.finish_reason, time.time())
+                   u.media_tokens, 0, round(final.timings.total_ms, 3), final.finish_reason, time.time())
+
+    @classmethod
+    def heard(cls, key: str, model: str, audio_s: float, duration_ms: float) -> Row:
+        """A transcription's row: the audio it heard, no tokens."""
+        return cls(key, model, 0, 0, 0, 0, 0, round(audio_s * 1000), round(duration_ms, 3), "stop", time.time())
 
 
 def connect(path: Path | str) -> sqlite3.Connection:
@@ -73,9 +79,8 @@ class UsageWriter:
             for _ in range(20):  # another process holding the write lock for long: try again
                 try:
                     with db:
-                        db.execute("INSERT INTO usage (key, model, prompt_tokens, cached_tokens, completion_tokens, "
-                                   "reasoning_tokens, media_tokens, duration_ms, finish_reason, created) "
-                                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", astuple(row))
+                        db.execute(f"INSERT INTO usage (key, model, {', '.join(COUNTS)}, duration_ms, finish_reason, "
+                                   "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", astuple(row))
                     break
                 except sqlite3.OperationalError:
                     time.sleep(0.05)

@@ -44,7 +44,7 @@ class EmbedRoutes:
         key = request.headers.get("x-tallow-key")
         if key is not None and self.record is not None:
             n = sum(len(t) for t in req.inputs)
-            self.record(Row(key, self.cfg.model, n, 0, 0, 0, 0, round((time.perf_counter() - started) * 1000, 3),
+            self.record(Row(key, self.cfg.model, n, 0, 0, 0, 0, 0, round((time.perf_counter() - started) * 1000, 3),
                             "stop", time.time()))
 
     async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], EmbedScheduler]:
