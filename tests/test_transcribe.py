@@ -275,3 +275,18 @@ def test_a_keys_transcriptions_are_metered_by_the_audio_heard(home, fox, tmp_pat
     assert abs(rows[0]["audio_ms"] - 1000 * len(clip) / rate) < 50 and rows[0]["prompt_tokens"] == 0
     shown = run_tallow(["usage"], home=home).stdout.decode()
     assert re.search(r"carol  1 requests .* audio \d+\.\d s", shown)
+
+
+def test_audio_past_the_limit_stops_as_it_decodes(fox, tmp_path):
+    # a file is stopped once its decoded samples pass the limit (6 hours; 2 s here), whatever
+    # its header declares: a bomb of silence costs the limit's decoding, no more
+    from tallow.runtime.media import MediaError
+    from tallow.runtime.speech.decode import blocks
+
+    clip, rate = samples(fox)
+    long = write_wav(tmp_path / "long.wav", np.concatenate([clip, clip]), rate)
+    seen = []
+    with pytest.raises(MediaError, match="longer than"):
+        for block in blocks(long, long.name, max_seconds=2.0):
+            seen.append(len(block))
+    assert sum(seen) <= 2.0 * 16_000 + 4096  # it stopped within a block of the limit
