@@ -97,3 +97,18 @@ def test_chat_attaches_the_clip_to_the_next_message(audio_home):
     assert r.returncode == 0, r.stderr.decode()
     assert "red" in r.stdout.decode().lower() and "blue" not in r.stdout.decode().lower()
     assert "+ audio 15 tok" in r.stderr.decode()
+
+
+def test_transcribe_hears_through_the_projector(audio_home):
+    """tallow transcribe with a model whose projector hears: the clip reaches the model (the
+    high tone says "blue"), as one segment over the whole window."""
+    home, folder = audio_home
+    r = run_tallow(["transcribe", str(_clip(folder, HIGH_HZ)), "--model", MODEL, "--format", "verbose_json"], home=home)
+    assert r.returncode == 0, r.stderr.decode()
+    data = json.loads(r.stdout)
+    assert "blue" in data["text"].lower() and "red" not in data["text"].lower()
+    assert [(s["start"], s["end"]) for s in data["segments"]] == [(0.0, data["duration"])]
+    assert data["language"] is None and "language not said" in r.stderr.decode()
+    words = run_tallow(["transcribe", str(_clip(folder, HIGH_HZ)), "--model", MODEL, "--format", "verbose_json",
+                        "--word-timestamps"], home=home)
+    assert words.returncode == 1 and "word timestamps need a Whisper model" in words.stderr.decode()

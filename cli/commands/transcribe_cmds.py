@@ -20,7 +20,7 @@ MAX_STDIN = 2 * 1024 ** 3  # audio read from a pipe is held in memory (a contain
 def transcribe(
     files: list[str] = typer.Argument(..., help="Audio or video files: WAV, FLAC, MP3, Ogg, M4A, WebM... ('-': stdin).",
                                       show_default=False),
-    model: str = typer.Option("whisper:base", "--model", "-m", help="A stored Whisper model (tallow import FOLDER).",
+    model: str = typer.Option("whisper:base", "--model", "-m", help="A Whisper model, or a model whose projector hears (an audio encoder).",
                               autocompletion=o.complete_model),
     fmt: str = typer.Option("text", "--format", "-f", help="text, json, verbose_json, srt or vtt."),
     language: Optional[str] = typer.Option(None, "--language", "-l", help="The language spoken, as a code (en, de, ja) [default: detected].", show_default=False),
@@ -71,15 +71,21 @@ def transcribe(
 
 
 def _open(model: str, threads: int | None, offline: bool):
+    """A Whisper model, or a model whose projector hears (runtime/speech/spoken.py)."""
     from tallow.cli.models import find_model
-    from tallow.runtime.backend.whisper import Whisper
     from tallow.runtime.host.threads import physical_cores
 
     local = find_model(model, offline)
-    if local.kind != "whisper":
-        raise TallowError(f"{local.name} is not a speech-to-text model",
-                          "give a Whisper model: tallow import FOLDER (a CTranslate2 Whisper model), then --model NAME")
-    return Whisper(local.path, threads or physical_cores())
+    if local.kind == "whisper":
+        from tallow.runtime.backend.whisper import Whisper
+
+        return Whisper(local.path, threads or physical_cores())
+    from tallow.runtime.opening import open_engine
+    from tallow.runtime.speech.spoken import AudioModel
+
+    # a model that generates text transcribes only when its projector has an audio encoder
+    # (refused here, by with_projector, before anything loads)
+    return AudioModel(open_engine(local, o.load_settings(None, threads, "auto", "auto"), None, "needed", {"audio"}))
 
 
 def _one(whisper, name: str, ask, fmt: str, output: Path | None) -> None:
@@ -108,7 +114,7 @@ def _one(whisper, name: str, ask, fmt: str, output: Path | None) -> None:
         sys.stdout.write(document(fmt, heard, ask.words))
     rtf = heard.realtime_factor
     err_console().print(f"{shown}: {heard.duration:.1f} s of audio in {heard.elapsed:.1f} s"
-                        f"{f' (real-time factor {rtf:.2f})' if rtf is not None else ''}, language {heard.language}"
+                        f"{f' (real-time factor {rtf:.2f})' if rtf is not None else ''}, language {heard.language or 'not said'}"
                         f"{f' ({heard.language_probability:.2f})' if heard.language_probability is not None and not ask.language else ''}"
                         f"{f', written to {target}' if target else ''}", soft_wrap=True, markup=False, highlight=False)
 

@@ -45,9 +45,9 @@ def transcribe(whisper, source: Path | BinaryIO, name: str, ask: Ask, out: Trans
     language, prompt, t0, number = ask.language, ask.prompt, 0.0, 0
     pending: list[np.ndarray] = []
     held, more = 0, blocks(source, name)
-    done = False
+    done, window_s = False, min(ask.window_s, getattr(whisper, "window_s", ask.window_s))
     while True:
-        while held < ask.window_s * RATE and not done:
+        while held < window_s * RATE and not done:
             block = next(more, None)
             if block is None:
                 done = True
@@ -58,7 +58,7 @@ def transcribe(whisper, source: Path | BinaryIO, name: str, ask: Ask, out: Trans
         if not held:
             break
         window = np.concatenate(pending)
-        kept, cut = _recognise(whisper, window, ask, language, prompt, out, last=done)
+        kept, cut = _recognise(whisper, window, ask, language, prompt, out, last=done, margin=margin_for(whisper))
         language = language or out.language
         for seg in kept:
             number += 1
@@ -76,8 +76,14 @@ def transcribe(whisper, source: Path | BinaryIO, name: str, ask: Ask, out: Trans
     out.elapsed = time.perf_counter() - started
 
 
+def margin_for(recogniser) -> float:
+    """A recogniser that gives one segment a window (an audio language model) has nothing to
+    cut at: its windows follow each other without a margin."""
+    return 0.0 if getattr(recogniser, "window_s", None) else MARGIN_S
+
+
 def _recognise(whisper, window: np.ndarray, ask: Ask, language: str | None, prompt: str | None, out: Transcript,
-               last: bool) -> tuple[list[Segment], float]:
+               last: bool, margin: float = MARGIN_S) -> tuple[list[Segment], float]:
     """One window's kept segments (times within it) and where the next window starts."""
     span = len(window) / RATE
     temperature = ask.temperature if ask.temperature is not None else (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -87,8 +93,8 @@ def _recognise(whisper, window: np.ndarray, ask: Ask, language: str | None, prom
         out.language, out.language_probability = info["language"], info["language_probability"]
     kept: list[Segment] = []
     for h in heard:
-        if not last and h.end > span - MARGIN_S:
+        if not last and margin and h.end > span - margin:
             return kept, max(h.start, 0.5)  # (never stand still on a window)
         kept.append(Segment(0, h.start, h.end, h.text, h.tokens, h.temperature, h.avg_logprob, h.compression_ratio,
                             h.no_speech_prob, tuple(Word(*w) for w in h.words)))
-    return kept, span if last else max(span - MARGIN_S, 0.5)
+    return kept, span if last else max(span - margin, 0.5)

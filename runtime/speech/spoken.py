@@ -1,0 +1,49 @@
+"""An audio language model as a recogniser: a model whose projector hears (Voxtral,
+Qwen2-Audio, Ultravox, Gemma 3n and the other audio encoders libmtmd knows) transcribes
+through `listen.transcribe` as Whisper does (docs/DESIGN.md, "Speech to text").
+
+Each window (30 s: what Whisper-style audio encoders take at once) goes to the model with a
+prompt that asks for the words spoken, or their English; its answer, reasoning set aside
+(the engine splits it off), is the window's one segment. Such a model gives no timestamps
+inside a window and no word times, and says no language unless it was told one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterator
+
+from tallow.runtime.backend.whisper import Heard
+from tallow.runtime.errors import TallowError
+from tallow.runtime.media import Media, with_markers
+from tallow.runtime.types import FinalEvent, Sampling
+
+ASK = {"transcribe": "Transcribe the speech in this audio. Write only the words spoken, nothing else.",
+       "translate": "Translate the speech in this audio into English. Write only the English, nothing else."}
+RATE = 16_000
+
+
+class AudioModel:
+    """An engine with an audio projector, answering `Whisper.recognise`'s call."""
+
+    window_s = 30.0
+
+    def __init__(self, engine, max_tokens: int = 448) -> None:
+        self.engine, self.max_tokens = engine, max_tokens
+
+    def recognise(self, samples, *, language: str | None, task: str, prompt: str | None,
+                  temperature: float | tuple[float, ...], vad: bool, words: bool = False
+                  ) -> tuple[Iterator[Heard], dict[str, Any]]:
+        if words:
+            raise TallowError("word timestamps need a Whisper model: an audio language model gives none")
+        data = samples.tobytes()
+        clip = Media("audio", hashlib.sha256(b"audio %d:" % RATE + data).hexdigest()[:32], data, len(samples), 1, RATE)
+        text = ASK[task] + (f" The speech is in {language}." if language else "") + \
+            (f" Words it may contain: {prompt}" if prompt else "")
+        heat = temperature if isinstance(temperature, float) else temperature[0]
+        request = self.engine.request([{"role": "user", "content": with_markers(text, 1), "media": [clip]}],
+                                      sampling=Sampling(temperature=heat), max_tokens=self.max_tokens)
+        final = [e for e in self.engine.stream(request) if isinstance(e, FinalEvent)][0]
+        answer = final.text.strip()
+        heard = [Heard(0.0, len(samples) / RATE, " " + answer, (), 0.0, 0.0, 0.0, heat)] if answer else []
+        return iter(heard), {"language": language, "language_probability": None}
