@@ -148,11 +148,7 @@ def write_synthetic_gguf(path: Path, seed: int = 1234, script: dict[str, str | d
         t(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
         t(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
         t(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 def write_synthetic_mamba(path: Path, seed: int = 5, n_layer: int = 2, n_embd: int = N_EMBD) -> Path:
@@ -204,6 +200,11 @@ def write_synthetic_mamba(path: Path, seed: int = 5, n_layer: int = 2, n_embd: i
         w.add_tensor(f"blk.{i}.ssm_a", -np.exp(rng.standard_normal((d_inner, d_state)) * 0.5).astype(np.float32))
         t(f"blk.{i}.ssm_d", d_inner)
         t(f"blk.{i}.ssm_out.weight", n_embd, d_inner)
+    return finish(w, path)
+
+
+def finish(w, path: Path) -> Path:
+    """Write a GGUFWriter's header, metadata and tensors, and close it."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
