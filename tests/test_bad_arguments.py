@@ -96,6 +96,10 @@ def cases(synth: str, d: str, missing: str, text: str) -> list[tuple[list[str], 
         (["usage", "--by", "week"], USAGE), (["usage", "--since", "yesterday"], ERROR),
         (["usage", "--prices", missing], ERROR), (["usage", "--prices", text], ERROR),
         (["serve", synth, "--auth", "ldap"], USAGE), (["serve", synth, "--auth", "keys", "--api-key", "k"], USAGE),
+        (["transcribe"], USAGE), (["transcribe", text, "--format", "docx"], USAGE),
+        (["transcribe", text, text, "--offline"], USAGE), (["transcribe", text, "--temperature", "2"], USAGE),
+        (["transcribe", text, "--offline"], ERROR), (["transcribe", missing, "--model", synth], ERROR),
+        (["transcribe", d, "--model", "nope:x", "--offline"], ERROR),
         (["--nope"], USAGE), (["nosuchcommand"], USAGE),
     ]
 

@@ -72,7 +72,7 @@ def test_formats_as_openai_writes_them(home, fox):
     assert heard_fox(plain["text"]) and plain["usage"]["type"] == "duration"
     full = json.loads(transcribe(home, str(fox), "--format", "verbose_json", "--word-timestamps").stdout)
     clip, rate = samples(fox)
-    assert full["language"] == "en" and full["task"] == "transcribe"
+    assert full["language"] == "english" and full["task"] == "transcribe"
     assert abs(full["duration"] - len(clip) / rate) < 0.05
     assert full["segments"] and full["segments"][0]["start"] < 1.0 <= full["segments"][-1]["end"]
     assert {"fox", "dog"} <= {w["word"].strip(" .").lower() for w in full["words"]}
@@ -165,7 +165,7 @@ def test_the_openai_client_transcribes_and_translates_through_serve(home, fox, t
         with open(fox, "rb") as f:
             full = client.audio.transcriptions.create(model="whisper:base", file=f, response_format="verbose_json",
                                                       timestamp_granularities=["word", "segment"])
-        assert full.language == "en" and full.segments and {"fox", "dog"} <= {w.word.strip(" .").lower() for w in full.words}
+        assert full.language == "english" and full.segments and {"fox", "dog"} <= {w.word.strip(" .").lower() for w in full.words}
         with open(fox, "rb") as f:
             srt = client.audio.transcriptions.create(model="whisper:base", file=f, response_format="srt")
         assert srt.startswith("1\n00:00:00,000 --> ") and heard_fox(srt)

@@ -145,10 +145,10 @@ def _start_recheck(pool, threads: int | None) -> None:
     from tallow.runtime.calibration import machine
     from tallow.runtime.calibration.recheck import EVERY_S, NICE, QUIET_S, Recheck
 
-    opts, path = replace(probe_options(threads), nice=NICE), settings.machine_cache()
     hook = settings.test_recheck()
     if hook == "off":
         return
+    opts, path = replace(probe_options(threads), nice=NICE), settings.machine_cache()
     sooner = hook if isinstance(hook, float) else None  # a test's: that quiet, asked every second, any load
     recheck = Recheck(lambda: machine.cached(path, opts), lambda: machine.remeasure(opts),
                       lambda found: machine.keep(path, found), pool.activity,

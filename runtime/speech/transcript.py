@@ -9,6 +9,27 @@ from typing import Any
 
 FORMATS = ("text", "json", "verbose_json", "srt", "vtt")
 
+# verbose_json names the language as OpenAI does, in English words; Whisper's codes, by name
+_NAMES = (
+    "en english, zh chinese, de german, es spanish, ru russian, ko korean, fr french, ja japanese, pt portuguese, "
+    "tr turkish, pl polish, ca catalan, nl dutch, ar arabic, sv swedish, it italian, id indonesian, hi hindi, "
+    "fi finnish, vi vietnamese, he hebrew, uk ukrainian, el greek, ms malay, cs czech, ro romanian, da danish, "
+    "hu hungarian, ta tamil, no norwegian, th thai, ur urdu, hr croatian, bg bulgarian, lt lithuanian, la latin, "
+    "mi maori, ml malayalam, cy welsh, sk slovak, te telugu, fa persian, lv latvian, bn bengali, sr serbian, "
+    "az azerbaijani, sl slovenian, kn kannada, et estonian, mk macedonian, br breton, eu basque, is icelandic, "
+    "hy armenian, ne nepali, mn mongolian, bs bosnian, kk kazakh, sq albanian, sw swahili, gl galician, mr marathi, "
+    "pa punjabi, si sinhala, km khmer, sn shona, yo yoruba, so somali, af afrikaans, oc occitan, ka georgian, "
+    "be belarusian, tg tajik, sd sindhi, gu gujarati, am amharic, yi yiddish, lo lao, uz uzbek, fo faroese, "
+    "ht haitian creole, ps pashto, tk turkmen, nn nynorsk, mt maltese, sa sanskrit, lb luxembourgish, my myanmar, "
+    "bo tibetan, tl tagalog, mg malagasy, as assamese, tt tatar, haw hawaiian, ln lingala, ha hausa, ba bashkir, "
+    "jw javanese, su sundanese, yue cantonese")
+LANGUAGES = dict(pair.split(" ", 1) for pair in _NAMES.split(", "))
+
+
+def language_name(code: str | None) -> str | None:
+    """`en` -> `english` (a code Whisper does not list stays as it is)."""
+    return LANGUAGES.get(code, code) if code else code
+
 
 @dataclass(frozen=True)
 class Word:
@@ -98,7 +119,8 @@ def as_json(fmt: str, t: Transcript, words: bool = False) -> dict[str, Any]:
     usage = {"type": "duration", "seconds": round(t.duration, 3)}
     if fmt == "json":
         return {"text": t.text, "usage": usage}
-    out: dict[str, Any] = {"task": t.task, "language": t.language, "duration": round(t.duration, 3), "text": t.text,
+    out: dict[str, Any] = {"task": t.task, "language": language_name(t.language), "duration": round(t.duration, 3),
+                           "text": t.text,
                            "segments": [_segment_json(s) for s in t.segments], "usage": usage}
     if words:
         out["words"] = [asdict(w) for s in t.segments for w in s.words]

@@ -71,7 +71,6 @@ class FrontApp:
         self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
         self.keys = KeyCheck(cfg.guard.keys) if cfg.guard.keys else None  # serve --auth keys
         self.listener = Listener(registry, cfg.threads, cfg.guard.keys)  # speech to text: Whisper models, here
-        self.transcriptions, self.translations = self.listener.transcriptions, self.listener.translations
 
     def asgi(self) -> Guard:
         routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
@@ -94,6 +93,12 @@ class FrontApp:
         app = Starlette(routes=routes, middleware=cors(self.cfg.guard),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg.guard, self.replica, self.keys)
+
+    async def transcriptions(self, request: HTTPRequest) -> Response:
+        return await self.listener.transcriptions(request)
+
+    async def translations(self, request: HTTPRequest) -> Response:
+        return await self.listener.translations(request)
 
     async def body_of(self, request: HTTPRequest) -> dict[str, Any]:
         return parse_json(await read_body(request, self.cfg.guard.max_body))
