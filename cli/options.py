@@ -49,6 +49,8 @@ MaxTokens = option("max_tokens")
 Stop = option("stop")
 ServeSeed = option("seed", "Seed for requests that give none [default: a fresh one each].")
 Image = Annotated[Optional[list[str]], typer.Option("--image", "-i", help="Show the model this image (repeatable; '-' reads it from stdin); needs a projector.", show_default=False)]
+Video = Annotated[Optional[list[str]], typer.Option("--video", help="Show the model this video's frames (MP4, WebM, MKV, MOV, AVI, GIF; repeatable; '-' reads it from stdin), each as an image with its time; needs a projector and tallow[video].", show_default=False)]
+VideoFps = Annotated[float, typer.Option("--video-fps", min=0.01, max=30.0, help="Frames taken from each second of a --video (fewer when the clip is long, or its frames would fill more than half the context).")]
 Audio = Annotated[Optional[list[str]], typer.Option("--audio", help="Let the model hear this audio file: WAV, or MP3, FLAC, Ogg, M4A, WebM with tallow[speech] (repeatable; '-' reads it from stdin); needs a projector with an audio encoder.", show_default=False)]
 Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", help="A projector (mmproj GGUF) for the model, in place of the one stored with it.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")]
@@ -134,25 +136,37 @@ def cache_types(type_k: str, type_v: str, flash_attn: str, where: str = "") -> t
     return type_k, type_v, flash_attn
 
 
-def read_media(images: list[str] | None, audio: list[str] | None) -> list:
-    """The --image and --audio files, decoded and checked before any model is loaded; one
-    of them may be '-', read from stdin."""
+def read_media(images: list[str] | None, audio: list[str] | None, videos: list[str] | None = None,
+               fps: float = 1.0) -> list:
+    """The --image, --audio and --video files, decoded and checked before any model is loaded
+    (a video as its frames, with a note on stderr when fewer were taken); one of them may be
+    '-', read from stdin."""
+    from tallow.cli.render import err_console
     from tallow.runtime.media import MediaError, decode_image
     from tallow.runtime.media.audio import decode_audio
+    from tallow.runtime.media.video import decode_video
 
-    given = [(p, "image", decode_image) for p in images or ()] + [(p, "audio", decode_audio) for p in audio or ()]
+    def frames(raw: bytes, name: str) -> list:
+        taken, note = decode_video(raw, name, fps)
+        if note:
+            err_console().print(f"note: {note}", soft_wrap=True, markup=False)
+        return taken
+
+    given = ([(p, "image", decode_image) for p in images or ()] + [(p, "audio", decode_audio) for p in audio or ()]
+             + [(p, "video", frames) for p in videos or ()])
     if sum(p == "-" for p, _, _ in given) > 1:
-        raise typer.BadParameter("only one --image or --audio can read stdin ('-')", param_hint="--image")
-    out = []
+        raise typer.BadParameter("only one --image, --audio or --video can read stdin ('-')", param_hint="--image")
+    out: list = []
     for p, noun, decode in given:
         if p == "-":
-            out.append(decode(sys.stdin.buffer.read(), f"the {noun} on stdin"))
-            continue
-        try:
-            raw = Path(p).read_bytes()
-        except OSError as exc:
-            raise MediaError(f"cannot read the {noun} {p}: {exc.strerror or exc}") from None
-        out.append(decode(raw, f"the {noun} {p}"))
+            raw, name = sys.stdin.buffer.read(), f"the {noun} on stdin"
+        else:
+            try:
+                raw, name = Path(p).read_bytes(), f"the {noun} {p}"
+            except OSError as exc:
+                raise MediaError(f"cannot read the {noun} {p}: {exc.strerror or exc}") from None
+        got = decode(raw, name)
+        out.extend(got if isinstance(got, list) else [got])
     return out
 
 

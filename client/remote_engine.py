@@ -26,6 +26,7 @@ class RemoteRequest:
     path: str  # /chat/completions or /completions
     body: dict[str, Any]
     prompt_tokens: tuple = ()  # not known here: the server tokenizes
+    notes: tuple[str, ...] = ()  # the server cuts nothing it would say (runtime.types.Request.notes)
 
 
 @dataclass

@@ -123,11 +123,13 @@ class Conversation:
         if self.pending:
             from tallow.runtime.media import with_markers
 
-            user = {"role": "user", "content": with_markers(text, len(self.pending)), "media": self.pending}
+            user = {"role": "user", "content": with_markers(text, self.pending), "media": self.pending}
         request, dropped = self._fit(user)
         self.pending = []
         if dropped:
             yield NoticeEvent(f"context full: dropped the oldest {dropped} turn{'s' * (dropped > 1)} to make room")
+        for note in request.notes:
+            yield NoticeEvent(note)
         events = self.engine.stream(request)
         final: object = None
         try:

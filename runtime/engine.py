@@ -34,6 +34,7 @@ from tallow.runtime.loadplan import (
 )
 from tallow.runtime.logprobs import token_logprob
 from tallow.runtime.media.spans import cuts, media_prompt, text_only
+from tallow.runtime.media.video import fit_frames
 from tallow.runtime.protocol import Events
 from tallow.runtime.sampling import make_sampler
 from tallow.runtime.sequence import DiskPrefixes, OutputStream, Sequence, begin_request, common_prefix, settle_draft
@@ -184,8 +185,9 @@ class Engine:
 
     def _prompt(self, messages: list[dict[str, Any]], raw: bool, tools: list | None,
                 variables: dict[str, Any] | None = None, generation: str = "new"):
-        """The prompt's tokens and its media spans (runtime/media/spans.py). A message's images
-        are in its "media" list, each at a media marker in its content. `variables`: more
+        """The prompt's tokens, its media spans (runtime/media/spans.py) and notes on what was
+        cut to fit (a video's frames). A message's images are in its "media" list, each at a
+        media marker in its content. `variables`: more
         names for the template (a request's chat_template_kwargs, enable_thinking).
         `generation`: "new" (a new assistant turn), "continue" (the last message, an
         assistant's, goes on: a prefill) or "none" (the conversation as it is)."""
@@ -194,17 +196,21 @@ class Engine:
         if template is None:
             text = "\n\n".join(m["content"] for m in messages)
             if not media:
-                return self.model.tokenize(text, add_special=True, parse_special=False), ()
+                return self.model.tokenize(text, add_special=True, parse_special=False), (), ()
         elif generation == "continue":
             text = continued(template, messages, tools, variables)
         else:
             text = template.render(messages, add_generation_prompt=generation == "new", tools=tools, variables=variables)
         if media:
-            return media_prompt(self.projector, self.model, self.path.name, text, media)
+            tokens, spans = media_prompt(self.projector, self.model, self.path.name, text, media)
+            fitted = fit_frames(messages, spans, self.n_ctx // 2, self._count)  # video frames take at most half
+            if fitted is None:
+                return tokens, spans, ()
+            return *self._prompt(fitted[0], raw, tools, variables, generation)[:2], (fitted[1],)
         tokens = self.model.tokenize(text, add_special=False, parse_special=True)
         if self.model.add_bos and (not tokens or tokens[0] != self.model.bos):
             tokens.insert(0, self.model.bos)
-        return tokens, ()
+        return tokens, (), ()
 
     served_at = None  # this machine answers (runtime/protocol.py)
 
@@ -248,7 +254,7 @@ class Engine:
         variables = dict(kw.pop("template_kwargs", None) or {})
         if kw.get("reasoning_budget") == 0 and template is not None and "enable_thinking" in template.source:
             variables["enable_thinking"] = False  # Qwen3's and others' switch: no reasoning at all
-        tokens, spans = self._prompt(messages, raw, template_tools, variables, kw.pop("generation", "new"))
+        tokens, spans, notes = self._prompt(messages, raw, template_tools, variables, kw.pop("generation", "new"))
         inside = False
         if markers:
             tail = self.model.detokenize(tokens[-16:]).decode("utf-8", "replace")
@@ -259,9 +265,12 @@ class Engine:
         ends = [common_prefix(self._render_prefix(prefix, raw, template_tools), tokens)
                 for prefix in [*cache_prefixes, *([] if rewinds or len(messages) < 2 else [messages[:-1]])]
                 if self.disk is not None or not rewinds]
-        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, media=spans,
+        return Request(tokens, reasoning_markers=markers, starts_in_reasoning=inside, media=spans, notes=notes,
                        cache_points=tuple(ends[:len(cache_prefixes)] if self.disk is not None else ()),
                        turns=() if rewinds else tuple(ends), **kw)
+
+    def _count(self, text: str) -> int:
+        return len(self.model.tokenize(text, add_special=False, parse_special=False))
 
     def _render_prefix(self, messages: list[dict[str, Any]], raw: bool, tools: list | None = None) -> list[int]:
         template = None if raw else self.chat_template()

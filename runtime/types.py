@@ -136,6 +136,7 @@ class Request:
     lazy_grammar: Any = None  # runtime.tools.constrain.LazyGrammar: constrain a tool call once the answer opens one
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -inf bans it
     media: tuple[Any, ...] = ()  # runtime.multimodal.Span: the media chunks among prompt_tokens, in order
+    notes: tuple[str, ...] = ()  # what was cut to make the prompt fit (a video's frames), for the person asking
     lora: tuple[float, ...] | None = None  # each loaded adapter's scale, by id; None: the engine's defaults
     reasoning_budget: int | None = None  # tokens the reasoning section may take, its closing marker included
     tenant: str | None = None  # who asked (an API key's name): metered per tenant when the scheduler has a meter

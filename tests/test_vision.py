@@ -42,7 +42,7 @@ def _ask(engine, messages, **kw):
 
 
 def _image_message(media, text=QUESTION):
-    return {"role": "user", "content": with_markers(text, len(media)), "media": media}
+    return {"role": "user", "content": with_markers(text, media), "media": media}
 
 
 def _image(tmp_path, rgb, name="c.png"):
@@ -169,7 +169,7 @@ def test_the_scheduler_evaluates_images_beside_text_streams(default_model, colou
 
 def test_the_marker_as_text_is_refused():
     with pytest.raises(MediaError, match="media marker"):
-        with_markers(f"say {MARKER}", 1)
+        with_markers(f"say {MARKER}", [])
 
 
 def test_chat_attaches_images_to_the_next_message_and_reuses_them(default_home, colour_projector, tmp_path):

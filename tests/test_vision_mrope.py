@@ -43,7 +43,7 @@ def _picture(tmp_path, rgb):
 
 
 def _turn(media, text=QUESTION):
-    return {"role": "user", "content": with_markers(text, len(media)), "media": media}
+    return {"role": "user", "content": with_markers(text, media), "media": media}
 
 
 def _ask(engine, messages, max_tokens=12):

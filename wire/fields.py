@@ -17,7 +17,7 @@ from typing import Any
 from tallow.common.errors import APIError, TallowError
 from tallow.common.fields import BY_NAME, IN_CONTENT, SHAPED, SURFACES, Field, FieldError, on_surface
 from tallow.runtime.grammar import Schema
-from tallow.runtime.media import MARKER
+from tallow.runtime.media import MARKER, marker
 from tallow.runtime.tools.choice import Tool, ToolChoice
 from tallow.runtime.types import Sampling
 
@@ -131,13 +131,17 @@ def joined_text(value: Any, where: str, param: str, kinds: tuple[str, ...] = ("t
         parts = []
         for i, part in enumerate(value):
             image = media(part, f"{where}[{i}]", param) if media is not None and isinstance(part, dict) else None
+            if isinstance(image, list) and found is not None:  # a video's frames, each after its time
+                found.extend(image)
+                parts.append("".join(marker(m) for m in image))
+                continue
             if image is not None and found is not None:
                 found.append(image)
                 parts.append(MARKER)
                 continue
             if not isinstance(part, dict) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise APIError(f"{where}[{i}]: only text, image and audio {noun} are supported, not {kind!r}"
+                raise APIError(f"{where}[{i}]: only text, image, audio and video {noun} are supported, not {kind!r}"
                                if media is not None else
                                f"{where}[{i}]: only text {noun} are supported, not {kind!r}", param=param)
             if MARKER in part["text"]:

@@ -166,7 +166,7 @@ def _object_prompt(prompt: dict[str, Any]) -> tuple[str, list[Any] | None]:
                            "images", param="prompt")
         return text, media
     try:
-        return with_markers(text, len(media)), media
+        return with_markers(text, media), media
     except MediaError as exc:
         raise APIError(exc.message, param="prompt") from None
 

@@ -1,5 +1,6 @@
-"""Images in API requests: content parts of each API read into decoded Media (runtime/media/__init__.py),
-each standing at a media marker where the part was. `data:` URIs and base64 are taken; an
+"""Images, audio and video in API requests: content parts of each API read into decoded Media
+(runtime/media/__init__.py), each standing at a media marker where the part was (a video's
+frames at one each, with its time). `data:` URIs and base64 are taken; an
 http(s) URL only through a fetcher the server was given (serve --allow-media-urls,
 serve/media_fetch.py), and is refused by name otherwise."""
 
@@ -38,19 +39,25 @@ def _decoded(raw: bytes, where: str, param: str):
 
 def from_url(url: Any, where: str, param: str, fetch: Fetch | None = None):
     """A `data:image/...;base64,...` URI's image, or an http(s) URL's through `fetch`."""
+    return _decoded(_url_bytes(url, where, param, fetch), where, param)
+
+
+def _url_bytes(url: Any, where: str, param: str, fetch: Fetch | None, noun: str = "image") -> bytes:
+    """The bytes a data: URI holds, or an http(s) URL's through `fetch` (None: refused)."""
     if not isinstance(url, str):
         raise APIError(f"{where} must be a string URL", param=param)
     if url.startswith(("http://", "https://")):
         if fetch is None:
             raise APIError(f"{where}: this server fetches no URL (start it with --allow-media-urls); "
-                           "send the image as a data: URI", param=param)
-        return _decoded(fetch(url, where, param), where, param)
+                           f"send the {noun} as a data: URI", param=param)
+        return fetch(url, where, param)
     head, comma, data = url.partition(",")
     if not url.startswith("data:"):
         raise APIError(f"{where}: only data: and http(s) URLs are taken", param=param)
     if not comma or not head.endswith(";base64"):
-        raise APIError(f"{where}: a data: URI must be base64 (data:image/png;base64,...)", param=param)
-    return from_base64(data, where, param)
+        raise APIError(f"{where}: a data: URI must be base64 (data:{'video/mp4' if noun == 'video' else 'image/png'}"
+                       ";base64,...)", param=param)
+    return _bytes(data, where, param)
 
 
 def reader(read: Callable[..., Any], fetch: Fetch | None) -> Callable[[dict, str, str], Any]:
@@ -73,7 +80,29 @@ def openai_part(part: dict, where: str, param: str, fetch: Fetch | None = None):
         return from_url(part.get("image_url"), f"{where}.image_url", param, fetch)
     if kind == "input_audio":
         return _input_audio(part.get("input_audio"), f"{where}.input_audio", param)
+    if kind == "video_url":  # vLLM's form: {"video_url": {"url": ..., "fps": ...}}
+        ref = part.get("video_url")
+        holder = ref if isinstance(ref, dict) else {}
+        return _video(holder.get("url") if holder else ref, holder, f"{where}.video_url", ".url" if holder else "", param,
+                      fetch)
+    if kind == "input_video":  # as Responses' input_image: {"video_url": ..., "fps": ...}
+        return _video(part.get("video_url"), part, where, ".video_url", param, fetch)
     return None
+
+
+def _video(url: Any, holder: dict, where: str, at: str, param: str, fetch: Fetch | None) -> list:
+    """A video part's frames (runtime/media/video.py), at its `fps` a second (1 if not given);
+    `at`: where the URL is within `where`."""
+    from tallow.runtime.media.video import decode_video
+
+    fps = holder.get("fps", 1.0)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 30:
+        raise APIError(f"{where}.fps must be a number above 0 and at most 30, not {fps!r}", param=param)
+    raw = _url_bytes(url, where + at, param, fetch, "video")
+    try:
+        return decode_video(raw, where + at, float(fps))[0]
+    except MediaError as exc:
+        raise APIError(exc.message, param=param) from None
 
 
 def _input_audio(audio: Any, where: str, param: str):
@@ -128,6 +157,6 @@ def ollama_images(images: Any, text: str, where: str) -> dict:
     if not media:
         return {}
     try:
-        return {"content": with_markers(text, len(media)), "media": media}
+        return {"content": with_markers(text, media), "media": media}
     except MediaError as exc:
         raise APIError(exc.message, param="messages") from None

@@ -26,6 +26,7 @@ HELP = """commands:
   /show                 model, settings, context used
   /image PATH           show the model this image with the next message (needs a projector)
   /audio PATH           let the model hear this audio file with the next message (an audio projector)
+  /video PATH [FPS]     show the model this video's frames (FPS a second, 1 if not given) with the next message
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
   /bye                  leave (or Ctrl-D)
@@ -168,27 +169,46 @@ def logprob_lines(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _attach(conv: Conversation, path: str, say, noun: str = "image") -> None:
+def _attach(conv: Conversation, arg: str, say, noun: str = "image") -> None:
     from pathlib import Path
 
-    from tallow.runtime.media import decode_image
-    from tallow.runtime.media.audio import decode_audio
-
+    path, fps = _path_and_rate(arg) if noun == "video" else (arg, 1.0)
     if not path:
-        say(f"error: /{noun} needs a PATH", soft_wrap=True)
+        say(f"error: /{noun} needs a PATH" + (" and, if given, a frame rate" if noun == "video" else ""), soft_wrap=True)
         return
     try:
-        raw = Path(path).expanduser().read_bytes()
-        media = decode_audio(raw, f"the audio {path}") if noun == "audio" else decode_image(raw, f"the image {path}")
-        conv.attach(media)
+        media, note = _decoded(Path(path).expanduser().read_bytes(), path, noun, fps)
+        for item in media:
+            conv.attach(item)
     except OSError as exc:
         say(f"error: cannot read the {noun} {path}: {exc.strerror or exc}", markup=False, soft_wrap=True)
         return
     except TallowError as exc:
         say(f"error: {exc}", markup=False, soft_wrap=True)
         return
-    what = f"{media.width / media.rate:.1f} s of audio" if noun == "audio" else f"image {media.width}x{media.height}"
-    say(f"{what} attached to the next message", style="dim", soft_wrap=True)
+    first = media[0]
+    what = (f"{len(media)} frames" if noun == "video" else f"{first.width / first.rate:.1f} s of audio"
+            if noun == "audio" else f"image {first.width}x{first.height}")
+    say(f"{what} attached to the next message" + (f" ({note})" if note else ""), style="dim", soft_wrap=True)
+
+
+def _path_and_rate(arg: str) -> tuple[str, float]:
+    """/video's PATH and optional FPS (a last word that is a number)."""
+    head, _, last = arg.rpartition(" ")
+    try:
+        return (head.strip(), float(last)) if head.strip() else (arg, 1.0)
+    except ValueError:
+        return arg, 1.0
+
+
+def _decoded(raw: bytes, path: str, noun: str, fps: float) -> tuple[list, str | None]:
+    from tallow.runtime.media import decode_image
+    from tallow.runtime.media.audio import decode_audio
+    from tallow.runtime.media.video import decode_video
+
+    if noun == "video":
+        return decode_video(raw, f"the video {path}", fps)
+    return [decode_audio(raw, f"the audio {path}") if noun == "audio" else decode_image(raw, f"the image {path}")], None
 
 
 def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
@@ -229,7 +249,7 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
             f"{'off' if conv.settings.logprobs is None else conv.settings.logprobs}\n"
             + (f"context {conv.context_used()} / {conv.engine.n_ctx} tokens" if conv.engine.served_at is None
                else f"context: held by the server at {conv.engine.served_at}"), markup=False, soft_wrap=True)
-    elif cmd in ("/image", "/audio"):
+    elif cmd in ("/image", "/audio", "/video"):
         _attach(conv, arg, say, cmd[1:])
     elif cmd == "/stats":
         st = conv.summary()

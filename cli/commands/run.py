@@ -80,6 +80,8 @@ def run(
     raw: o.Raw = False,
     image: o.Image = None,
     audio: o.Audio = None,
+    video: o.Video = None,
+    video_fps: o.VideoFps = 1.0,
     reasoning_budget: o.ReasoningBudget = None,
     offline: o.Offline = False,
     as_json: o.Json = False,
@@ -97,17 +99,17 @@ def run(
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
     remote = server.servers(offline)
-    _check(remote, {**load.given(), **files.given(), **drafting.given()}, tools, n, image, audio, reasoning_budget,
-           no_cache, logprobs, as_json)
+    _check(remote, {**load.given(), **files.given(), **drafting.given()}, tools, n, (image, audio, video),
+           reasoning_budget, no_cache, logprobs, as_json)
     spec, (grammar, schema) = tools.spec(), shape.structured()
     history = open_history(not past.no_log)
     conversation_id, earlier, system = _continued(history, past.continue_, past.cid, system)
     ask = Ask(model, system, max_tokens, tuple(stop or ()), raw, reasoning_budget, offline or settings.offline(),
               as_json, logprobs, no_cache, n, replace(presets.sampling_base(), **sampling_flags), spec, grammar, schema,
               shape.grammar is None and grammar is not None)
-    media = o.read_media(image, audio)
+    media = o.read_media(image, audio, video, video_fps)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and ask.tools is None
-    text, document = _prompt_text(prompt, interactive, media, image, audio, n)
+    text, document = _prompt_text(prompt, interactive, media, (image, audio, video), n)
     local = None if remote else _local_load(load.settings(files), drafting, ask, text)
     name, engine = open_engine(model, remote, local, ask.offline, not no_cache, shape.format_, schema,
                                allow_logprobs=True, projector="needed" if media else "if-stored" if interactive else "no",
@@ -147,7 +149,7 @@ class Ask(NamedTuple):
     json_answer: bool = False  # --format or --json-schema: the answer is checked to be JSON (its schema's)
 
 
-def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, image, audio, reasoning_budget, no_cache: bool,
+def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, media: tuple, reasoning_budget, no_cache: bool,
            logprobs, as_json: bool) -> None:
     """The flags that cannot go together, refused by name before anything loads; `local`: the
     local engine's flags, and whether each was given."""
@@ -155,22 +157,25 @@ def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, image, audi
         raise typer.BadParameter("log-probabilities are printed in the JSON: add --json", param_hint="--logprobs")
     if remote:
         o.refuse_local({**local, "--no-cache": no_cache, "--tools": tools.tools_file is not None,
-                        "--tool-format": tools.tool_format != "auto", "--image": bool(image), "--audio": bool(audio), "--n": n > 1,
+                        "--tool-format": tools.tool_format != "auto", "--image": bool(media[0]), "--audio": bool(media[1]),
+                        "--video": bool(media[2]), "--n": n > 1,
                         "--reasoning-budget": reasoning_budget is not None})
     if n > 1 and tools.tools_file is not None:
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
 
 
-def _prompt_text(prompt: str | None, interactive: bool, media: list, image, audio, n: int):
-    """(the prompt, a piped document before it): none for an interactive chat."""
+def _prompt_text(prompt: str | None, interactive: bool, media: list, given: tuple, n: int):
+    """(the prompt, a piped document before it): none for an interactive chat. `given`: the
+    --image, --audio and --video paths."""
     if media and prompt is None:
-        raise typer.BadParameter(f"{'an image' if image else 'audio'} needs a PROMPT to go with it", param_hint="PROMPT")
+        noun = next(w for w, paths in zip(("an image", "audio", "a video"), given) if paths)
+        raise typer.BadParameter(f"{noun} needs a PROMPT to go with it", param_hint="PROMPT")
     if n > 1 and interactive:
         raise typer.BadParameter("several answers need a PROMPT (a chat answers each turn once)", param_hint="--n")
     if interactive:
         return None, None
-    stdin_media = "-" in (image or ()) or "-" in (audio or ())
+    stdin_media = any("-" in (paths or ()) for paths in given)
     return (prompt, None) if stdin_media else read_prompt(prompt)
 
 
@@ -199,7 +204,7 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
             drafting: DraftFlags, show: ShowFlags, history, conversation_id) -> FinalEvent | None:
     """One answer streamed (or --n answers, shown and logged: None), its JSON and stats line."""
     head = ([{"role": "system", "content": ask.system}] if ask.system else []) + earlier
-    messages = head + [{"role": "user", "content": with_markers(text, len(media)), "media": media}
+    messages = head + [{"role": "user", "content": with_markers(text, media), "media": media}
                        if media else {"role": "user", "content": text}]
     # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
     prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
@@ -207,6 +212,8 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
                              cache_prefixes=prefixes, disk_cache=not ask.no_cache, draft=drafting.method(),
                              grammar=ask.grammar, logprobs=ask.logprobs, tools=_tool_choice(engine, ask.tools),
                              reasoning_budget=ask.reasoning_budget)
+    for note in request.notes:
+        err_console().print(f"note: {note}", soft_wrap=True, markup=False)
     if ask.n > 1:
         _several(engine, request, ask.n, name, conversation_id, history, ask.system, text, ask.as_json, ask.logprobs,
                  show.stats_line(ask.as_json), ask.json_answer, ask.schema)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from dataclasses import dataclass
 
 from tallow.runtime.errors import TallowError
@@ -30,13 +31,15 @@ class MediaError(TallowError):
 class Media:
     """Decoded media: an image's RGB bytes (width x height x 3), or audio's float32 mono
     samples (width of them, height 1, at `rate` a second: runtime/media/audio.py); `key` is a hash
-    of them."""
+    of them. `label` is what the model reads before it: a video frame's time
+    (runtime/media/video.py)."""
     kind: str
     key: str
     data: bytes
     width: int
     height: int
     rate: int = 0
+    label: str = ""
 
 
 def decode_image(raw: bytes, name: str = "the image", max_bytes: int = MAX_BYTES,
@@ -107,11 +110,20 @@ def missing_encoder(kinds: set[str], vision: bool, audio: bool) -> tuple[str, st
     return None
 
 
-def with_markers(text: str, n: int) -> str:
-    """A message's text with `n` media items placed before it (as llama-mtmd-cli places them)."""
+def marker(media: Media) -> str:
+    """Where one media item stands in a message's text: libmtmd's marker, after its label."""
+    return f"{media.label} {MARKER}\n" if media.label else MARKER + "\n"
+
+
+def with_markers(text: str, media: list[Media]) -> str:
+    """A message's text with its media placed before it (as llama-mtmd-cli places them)."""
     if MARKER in text:
         raise MediaError(f"the prompt contains libmtmd's media marker {MARKER} as text")
-    return "".join(MARKER + "\n" for _ in range(n)) + text
+    return "".join(marker(m) for m in media) + text
+
+
+# A media item's marker in a message, with the label a frame has (runtime/media/video.py).
+MARKED = re.compile(r"(?:\[frame at [0-9:.]+\] )?" + re.escape(MARKER) + "\n?")
 
 
 def stored(messages: list[dict]) -> list[dict]:
@@ -123,8 +135,10 @@ def stored(messages: list[dict]) -> list[dict]:
 def restored(messages: list[dict]) -> list[dict]:
     """`stored` undone: the images decoded again, under the usual limits."""
     import base64
+    from dataclasses import replace
 
-    return [{**m, "media": [decode_image(base64.b64decode(x["png"]), "a stored image") for x in m["media"]]}
+    return [{**m, "media": [replace(decode_image(base64.b64decode(x["png"]), "a stored image"), label=x.get("label", ""))
+                            for x in m["media"]]}
             if m.get("media") else m for m in messages]
 
 
@@ -135,12 +149,12 @@ def _png(media: Media) -> dict:
 
     out = io.BytesIO()
     Image.frombytes("RGB", (media.width, media.height), media.data).save(out, "PNG")
-    return {"kind": media.kind, "png": base64.b64encode(out.getvalue()).decode("ascii")}
+    return {"kind": media.kind, "png": base64.b64encode(out.getvalue()).decode("ascii"), "label": media.label}
 
 
 def without_media(message: dict) -> dict:
     """A message as text alone (what a saved conversation keeps): its media and markers dropped."""
     if not message.get("media"):
         return message
-    text = message["content"].replace(MARKER + "\n", "").replace(MARKER, "")
+    text = MARKED.sub("", message["content"])
     return {k: v for k, v in message.items() if k != "media"} | {"content": text}

@@ -41,7 +41,7 @@ class AudioModel:
         text = ASK[task] + (f" The speech is in {language}." if language else "") + \
             (f" Words it may contain: {prompt}" if prompt else "")
         heat = temperature if isinstance(temperature, float) else temperature[0]
-        request = self.engine.request([{"role": "user", "content": with_markers(text, 1), "media": [clip]}],
+        request = self.engine.request([{"role": "user", "content": with_markers(text, [clip]), "media": [clip]}],
                                       sampling=Sampling(temperature=heat), max_tokens=self.max_tokens)
         final = [e for e in self.engine.stream(request) if isinstance(e, FinalEvent)][0]
         answer = final.text.strip()

@@ -83,7 +83,7 @@ def tallow_round(engine, image) -> tuple[float, float, float]:
     from tallow.runtime.types import Sampling
 
     engine.reset()
-    first = [{"role": "user", "content": with_markers(QUESTION, 1), "media": [image]}]
+    first = [{"role": "user", "content": with_markers(QUESTION, [image]), "media": [image]}]
     *_, a = engine.stream(engine.request(first, sampling=Sampling(temperature=0.0), max_tokens=1))
     second = first + [{"role": "assistant", "content": "A picture."}, {"role": "user", "content": "What else?"}]
     *_, b = engine.stream(engine.request(second, sampling=Sampling(temperature=0.0), max_tokens=1))
