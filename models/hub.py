@@ -88,7 +88,8 @@ class Hub:
                 raise self._unreachable(exc) from exc
             raise
 
-    def list_ggufs(self, repo: str) -> list[HubFile]:
+    def list_files(self, repo: str) -> list[HubFile]:
+        """Every file of a repository (at this revision), with its size and checksum."""
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
         from huggingface_hub.utils import logging as hub_logging
@@ -103,7 +104,7 @@ class Hub:
         return [
             HubFile(e.path, e.lfs.size if e.lfs else e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
             for e in entries
-            if isinstance(e, RepoFile) and e.path.lower().endswith(".gguf")
+            if isinstance(e, RepoFile)
         ]
 
     def opener(self, repo: str, path: str):

