@@ -123,6 +123,14 @@ def decode_audio(raw: bytes, name: str = "the audio", max_bytes: int = MAX_BYTES
     return Media("audio", key, data, samples.size, 1, RATE)
 
 
+def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
+    """Mono samples as a 32-bit float WAV file (what `decode_wav` reads back unchanged)."""
+    data = np.asarray(samples, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", _FLOAT, 1, rate, rate * 4, 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
 def resample(media: Media, rate: int) -> Media:
     """Audio at `rate` samples a second (a windowed-sinc filter, cut off below the lower
     rate's Nyquist frequency); the key stays the clip's."""

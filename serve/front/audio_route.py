@@ -2,7 +2,8 @@
 
 A Whisper model has no runner: the front loads it (runtime/backend/whisper.py, once, kept)
 and recognises an upload on a worker thread, one at a time per model, through the same
-`listen.transcribe` as `tallow transcribe`. The form is OpenAI's: `file` and `model`, then
+`listen.transcribe` as `tallow transcribe`. A model whose projector hears is asked through
+its runner instead, a window at a time (audio_runner.py). The form is OpenAI's: `file` and `model`, then
 `language` (transcriptions only), `prompt`, `response_format`, `temperature`,
 `timestamp_granularities[]` and `stream`; a field tallow does not implement is refused by
 name. `stream=true` sends `transcript.text.delta` events, a segment each, then
@@ -23,6 +24,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from tallow.common.errors import APIError, TallowError
+from tallow.serve.front.audio_runner import RunnerEars
+from tallow.serve.front.proxy import allowed
 from tallow.serve.http.body import read_body
 from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.wire.apis import body_limit
@@ -34,9 +37,10 @@ FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature
 class Listener:
     """The two audio routes, over the front's registry of stored models."""
 
-    def __init__(self, registry, threads: int, usage: str | None = None) -> None:
-        """`usage`: the keys' database, where a key's transcriptions are metered (--auth keys)."""
-        self.registry, self.threads, self.usage = registry, threads, usage
+    def __init__(self, registry, pool, threads: int, usage: str | None = None) -> None:
+        """`pool`: the runners, for a model whose projector hears; `usage`: the keys' database,
+        where a key's transcriptions are metered (--auth keys)."""
+        self.registry, self.pool, self.threads, self.usage = registry, pool, threads, usage
         self.loaded: dict[str, Any] = {}
         self.locks: dict[str, threading.Lock] = {}
         self.guard = threading.Lock()
@@ -85,12 +89,22 @@ class Listener:
                            param="timestamp_granularities[]")
         ask = Ask(language=_text(form, "language"), translate=translate, prompt=_text(form, "prompt"),
                   temperature=_temperature(form), words="word" in grains)
-        whisper, lock = await run_in_threadpool(self.model, model)
+        local = self.registry.find(model)
+        key = request.scope.get("state", {}).get("tallow.key")
+        if key is not None:
+            allowed(key, local.name, unload=False)
+        runner = None
+        if local.kind == "whisper":
+            whisper, lock = await run_in_threadpool(self.model, local)
+        else:
+            runner = await self.hearing_runner(local)
+            whisper, lock = RunnerEars(runner.socket, local.name), threading.Lock()
         data = io.BytesIO(await upload.read())
         name, started = upload.filename or "upload", time.perf_counter()
-        done = functools.partial(self.meter, request, model, started=started)
+        done = functools.partial(self.meter, request, local.name, started=started)
+        release = functools.partial(self.pool.release, runner) if runner is not None else _nothing
         if _flag(form, "stream"):
-            return ClosingStreamingResponse(iterate_in_threadpool(_events(whisper, lock, data, name, ask, done)),
+            return ClosingStreamingResponse(iterate_in_threadpool(_events(whisper, lock, data, name, ask, done, release)),
                                             media_type="text/event-stream")
         try:
             heard = await run_in_threadpool(_whole, whisper, lock, data, name, ask)
@@ -98,15 +112,24 @@ class Listener:
             raise
         except TallowError as exc:  # the audio could not be read, a language Whisper does not know
             raise APIError(exc.message, param="file") from exc
+        finally:
+            release()
         done(heard.duration)
         return _response(fmt, heard, ask.words)
 
-    def model(self, name: str):
-        """The named Whisper model, loaded once (and a lock: one recognition at a time)."""
-        local = self.registry.find(name)
-        if local.kind != "whisper":
-            raise APIError(f"'{local.name}' is not a speech-to-text model: give a stored Whisper model",
-                           param="model", code="model_not_found")
+    async def hearing_runner(self, local):
+        """The runner of a model whose projector hears (loaded for it if need be); a 400 for
+        a model that cannot hear."""
+        from tallow.models.projector import read_projector
+
+        if local.mmproj is None or "audio" not in read_projector(local.mmproj).capabilities:
+            raise APIError(f"'{local.name}' cannot transcribe: give a stored Whisper model, or a model whose "
+                           "projector has an audio encoder", param="model", code="model_not_found")
+        runner, _ = await run_in_threadpool(self.pool.acquire, local.name)
+        return runner
+
+    def model(self, local):
+        """A stored Whisper model, loaded once (and a lock: one recognition at a time)."""
         with self.guard:
             if local.name not in self.loaded:
                 from tallow.runtime.backend.whisper import Whisper
@@ -186,9 +209,14 @@ def _response(fmt: str, heard, words: bool) -> Response:
     return PlainTextResponse(document(fmt, heard, words), media_type=media)
 
 
-def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask, done):
+def _nothing() -> None:
+    return None
+
+
+def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask, done, release):
     """Server-sent events as OpenAI streams a transcription: a delta a segment, then done
-    (an error after the first event is an error event, the stream's own shape)."""
+    (an error after the first event is an error event, the stream's own shape); `release`
+    at the end, however it ends."""
     from tallow.runtime.speech.listen import transcribe
     from tallow.runtime.speech.transcript import Transcript
 
@@ -202,6 +230,8 @@ def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask, don
         done(heard.duration)
     except TallowError as exc:
         yield _event({"type": "error", "error": {"message": exc.message, "type": "invalid_request_error"}})
+    finally:
+        release()
 
 
 def _event(data: dict[str, Any]) -> bytes:

@@ -70,7 +70,7 @@ class FrontApp:
         self.stored = ResponseStore(cfg.guard.history)
         self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
         self.keys = KeyCheck(cfg.guard.keys) if cfg.guard.keys else None  # serve --auth keys
-        self.listener = Listener(registry, cfg.threads, cfg.guard.keys)  # speech to text: Whisper models, here
+        self.listener = Listener(registry, pool, cfg.threads, cfg.guard.keys)  # speech to text: Whisper here, others by runner
 
     def asgi(self) -> Guard:
         routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
