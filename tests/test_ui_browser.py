@@ -67,11 +67,16 @@ def server(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def playwright():
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    yield b
+    b.close()
 
 
 class Watched:
@@ -431,4 +436,58 @@ def test_screenshot_for_the_readme(browser, default_home, tmp_path):
         assert SCREENSHOT.exists() and "docs/images/chat-page.png" in (REPO / "README.md").read_text()
     finally:
         w.close()
+        s.close()
+
+
+DROP = """([data, name, type]) => {
+  const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+  const files = new DataTransfer();
+  files.items.add(new File([bytes], name, { type }));
+  document.querySelector("#composer").dispatchEvent(new DragEvent("drop", { dataTransfer: files, bubbles: true,
+                                                                             cancelable: true }));
+}"""
+
+
+def test_speech_dropped_or_recorded_is_written_into_the_message_box(playwright, default_model, tmp_path):
+    """A recording dropped on the page, and one made with the page's microphone button (Chromium's
+    fake capture device plays an espeak-ng clip), are transcribed by the server's Whisper model
+    into the message box, to be read over before sending."""
+    import base64
+
+    pytest.importorskip("faster_whisper")
+    from helpers.processes import run_tallow
+    from helpers.speech import spoken, whisper_folder
+
+    home = tmp_path / "home"
+    for name, source in (("smollm2:135m", default_model), ("whisper:base", whisper_folder())):
+        done = run_tallow(["import", str(source), "--name", name, "--link"], home=home)
+        assert done.returncode == 0, done.stderr.decode()
+    clip = spoken("The quick brown fox jumps over the lazy dog.", tmp_path / "fox.wav")
+    fox = {"quick", "brown", "fox", "lazy", "dog"}
+    heard = lambda: fox <= set(re.findall(r"[a-z]+", w.page.input_value("#prompt").lower()))  # noqa: E731
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={clip}"])
+    s = Server("smollm2:135m", home)
+    w = Watched(b, s.url)
+    try:
+        w.open()
+        assert w.page.input_value("#model") == "smollm2:135m" and w.page.locator("#dictate").is_visible()
+        w.page.evaluate(DROP, [base64.b64encode(clip.read_bytes()).decode(), "fox.wav", "audio/wav"])
+        w.page.wait_for_function("() => /fox/i.test(document.querySelector('#prompt').value)", timeout=120_000)
+        assert heard()
+        w.page.evaluate(DROP, [base64.b64encode(b"%PDF-1.4").decode(), "notes.pdf", "application/pdf"])
+        w.page.locator("#status", has_text="notes.pdf: not a picture or a recording").wait_for()
+        w.page.fill("#prompt", "")
+        w.page.click("#dictate")
+        w.page.locator("#dictate[aria-pressed=true]").wait_for()
+        w.page.wait_for_timeout(4000)  # the fake microphone plays the clip (about 3 s) meanwhile
+        w.page.click("#dictate")
+        w.page.wait_for_function("() => /fox/i.test(document.querySelector('#prompt').value)", timeout=120_000)
+        assert heard() and w.page.get_attribute("#dictate", "aria-pressed") == "false"
+        assert w.errors == []
+        origin_only(w, s)
+    finally:
+        w.close()
+        b.close()
         s.close()

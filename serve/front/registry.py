@@ -94,6 +94,8 @@ class Registry:
 
     def show(self, text: Any) -> dict[str, Any]:
         local = self.find(text)
+        if local.kind == "whisper":
+            return self._show_whisper(local)
         info = read_gguf(local.path)
         meta = info.metadata
         template = meta.get("tokenizer.chat_template")
@@ -117,6 +119,16 @@ class Registry:
                 "template": template if isinstance(template, str) else "", "details": self.details(local),
                 "model_info": model_info, "capabilities": caps, **({"system": preset.system} if preset.system else {}),
                 "modified_at": _time(local.path.stat().st_mtime)}
+
+    def _show_whisper(self, local: LocalModel) -> dict[str, Any]:
+        """A speech model as /api/show gives one: what it can do, and its facts; no template."""
+        manifest = self.store.get(local.name)
+        facts = manifest.gguf if manifest else {}
+        caps = ["transcription"] + (["translation"] if facts.get("multilingual") else [])
+        return {"license": (manifest.license if manifest else None) or "", "modelfile": "", "parameters": "",
+                "template": "", "details": {"format": "ctranslate2", "family": "whisper", "families": ["whisper"]},
+                "model_info": {"general.architecture": "whisper", "whisper.languages": facts.get("languages", 0)},
+                "capabilities": caps, "modified_at": _time(local.path.stat().st_mtime)}
 
     def copy(self, source: Any, destination: Any) -> None:
         local = self.find(source)

@@ -38,11 +38,13 @@ async function errorOf(response) {
   return new ApiError(String(message), response.status);
 }
 
-// fetch(path) on this origin; a 401 is AuthNeeded, any other failure an ApiError
+// fetch(path) on this origin; a 401 is AuthNeeded, any other failure an ApiError. A FormData
+// body goes as the multipart form it is; any other body as JSON.
 export async function call(path, { method = "GET", body, signal } = {}) {
+  const form = body instanceof FormData;
   const response = await fetch(path, {
-    method, signal, headers: headers(body !== undefined), credentials: "same-origin", cache: "no-store",
-    body: body === undefined ? undefined : JSON.stringify(body),
+    method, signal, headers: headers(body !== undefined && !form), credentials: "same-origin", cache: "no-store",
+    body: body === undefined || form ? body : JSON.stringify(body),
   });
   if (response.status === 401) throw new AuthNeeded();
   if (!response.ok) throw await errorOf(response);

@@ -4,10 +4,12 @@
 import * as api from "./api.js";
 import { copyCode } from "./markdown.js";
 import { loadSettings, requestFields } from "./settings.js";
+import { HEARD, Recorder, speechModel, transcribe } from "./speech.js";
 import { answerNode, conversationItem, fillAnswer, flatUsage, questionNode } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { id: null, turns: [], kept: true, busy: null, images: [], caps: new Map(), frame: null };
+const state = { id: null, turns: [], kept: true, busy: null, images: [], caps: new Map(), frame: null, speech: null };
+const recorder = new Recorder();
 const empty = $("empty");
 
 function setStatus(text) {
@@ -62,6 +64,8 @@ async function loadModels() {
     }
   }
   if (!names.length) setStatus("No models are stored: pull one with tallow pull");
+  state.speech = await speechModel(names, capabilities);
+  $("dictate").hidden = !(state.speech && Recorder.available());
   await showAttach();
 }
 
@@ -79,8 +83,12 @@ async function capabilities(model) {
 
 async function showAttach() {
   const model = $("model").value;
-  if (!model) return;
-  $("attach-label").hidden = !(await capabilities(model)).includes("vision");
+  const sees = Boolean(model) && (await capabilities(model)).includes("vision");
+  $("attach-label").hidden = !(sees || state.speech);
+  $("attach").accept = [sees ? "image/png,image/jpeg,image/webp,image/gif" : "", state.speech ? "audio/*" : ""]
+    .filter(Boolean).join(",");
+  $("attach-what").textContent = sees && state.speech ? "Attach images, or transcribe audio"
+    : sees ? "Attach images" : "Transcribe audio";
 }
 
 async function refreshList() {
@@ -335,8 +343,51 @@ function openSettings(open) {
   if (open) $("system").focus();
 }
 
-function attach(files) {
+// Speech written into the message box, where the person reads it over before sending
+async function hear(blob, name) {
+  if (!state.speech) {
+    setStatus(`${name}: this server has no speech model (tallow pull whisper:base)`);
+    return;
+  }
+  setStatus(`Transcribing ${name}…`);
+  try {
+    const text = await guarded(() => transcribe(state.speech, blob, name));
+    const box = $("prompt");
+    box.value += (box.value && !/\s$/.test(box.value) ? " " : "") + text;
+    setStatus(text ? "" : `${name}: no speech heard`);
+    box.focus();
+  } catch (e) {
+    setStatus(`${name}: ${e.message}`);
+  }
+}
+
+async function dictate() {
+  const button = $("dictate");
+  if (recorder.recording) {
+    button.setAttribute("aria-pressed", "false");
+    await hear(await recorder.stop(), "recording.webm");
+    return;
+  }
+  try {
+    await recorder.start();
+    button.setAttribute("aria-pressed", "true");
+    setStatus("Recording: press the microphone again to stop");
+  } catch (e) {
+    setStatus(`Cannot record: ${e.message}`);
+  }
+}
+
+async function attach(files) {
+  const sees = (await capabilities($("model").value)).includes("vision");
   for (const file of files) {
+    if (HEARD.test(file.type)) {
+      hear(file, file.name);
+      continue;
+    }
+    if (!file.type.startsWith("image/") || !sees) {
+      setStatus(`${file.name}: ${file.type.startsWith("image/") ? "this model takes no images" : "not a picture or a recording"}`);
+      continue;
+    }
     const reader = new FileReader();
     reader.onload = () => {
       state.images.push(reader.result);
@@ -371,7 +422,15 @@ function wire() {
     localStorage.setItem("tallow.model", $("model").value);
     showAttach();
   });
-  $("attach").addEventListener("change", (e) => { attach(e.target.files); e.target.value = ""; });
+  $("attach").addEventListener("change", (e) => { attach([...e.target.files]); e.target.value = ""; });
+  $("dictate").addEventListener("click", dictate);
+  for (const name of ["dragover", "drop"]) {  // a file dropped anywhere on the page
+    document.addEventListener(name, (e) => {
+      if (!e.dataTransfer || ![...e.dataTransfer.types].includes("Files")) return;
+      e.preventDefault();
+      if (name === "drop") attach([...e.dataTransfer.files]);
+    });
+  }
   $("open-settings").addEventListener("click", () => openSettings($("settings").hidden));
   $("close-settings").addEventListener("click", () => openSettings(false));
   $("open-sidebar").addEventListener("click", () => {
