@@ -53,7 +53,7 @@ def test_a_long_clip_is_spread_over_the_frame_limit_and_says_so(tmp_path):
     clip = write_clip(tmp_path / "long.mp4", [RED] * 100 + [BLUE] * 100, rate=1, size=16)
     frames, note = decode_video(clip.read_bytes(), "the clip")
     assert len(frames) == MAX_FRAMES
-    assert note is not None and "200 s long" in note and f"{MAX_FRAMES} frames taken" in note
+    assert note is not None and "200 s long" in note and f"{MAX_FRAMES} frames taken" in note, note
     assert frames[-1].label >= "[frame at 3:1"  # the last frames come from the end of the clip
 
 
@@ -83,6 +83,34 @@ def test_hostile_and_broken_clips_are_refused_in_one_line(tmp_path):
         decode_video(write_clip(tmp_path / "c.mp4", [RED]).read_bytes(), "the clip", fps=0)
     with pytest.raises(MediaError, match="more than the limit"):
         decode_video(b"x" * 100, "the clip", max_bytes=10)
+
+
+def _sparse(path, gap_s: int):
+    """Two frames `gap_s` seconds apart: a clip that claims hours and holds almost nothing."""
+    import fractions
+
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=1)
+        stream.width = stream.height = 16
+        stream.pix_fmt = "yuv420p"
+        for t in (0, gap_s):
+            frame = av.VideoFrame.from_ndarray(np.full((16, 16, 3), RED, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = t, fractions.Fraction(1, 1)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def test_a_clip_that_claims_hours_is_refused_or_costs_only_its_frames(tmp_path):
+    with pytest.raises(MediaError, match="is 10.0 hours long, more than the 3 taken"):
+        decode_video(_sparse(tmp_path / "ten.mp4", 36_000).read_bytes(), "the clip")
+    frames, note = decode_video(_sparse(tmp_path / "two.mp4", 7_200).read_bytes(), "the clip")
+    assert [f.label for f in frames] == ["[frame at 0:00]", "[frame at 2:00:00]"]
+    assert note is not None and "2 frames taken" in note
 
 
 def test_frames_too_large_are_refused_from_the_header(tmp_path):

@@ -64,11 +64,8 @@ def _frames(container: Any, name: str, fps: float) -> tuple[list[Media], str | N
     duration = _duration(container, stream)
     if duration > MAX_SECONDS:
         raise MediaError(f"{name} is {duration / 3600:.1f} hours long, more than the {MAX_SECONDS // 3600} taken")
-    step, note = 1.0 / fps, None
-    if duration * fps > MAX_FRAMES:
-        step = duration / MAX_FRAMES
-        note = (f"{name} is {duration:.0f} s long: {MAX_FRAMES} frames taken, one each {step:.1f} s "
-                f"(not {fps:g} a second)")
+    spread = duration * fps > MAX_FRAMES
+    step, note = duration / MAX_FRAMES if spread else 1.0 / fps, None
     stream.thread_type = "AUTO"
     frames: list[Media] = []
     due = 0.0
@@ -86,6 +83,9 @@ def _frames(container: Any, name: str, fps: float) -> tuple[list[Media], str | N
             due += step
     if not frames:
         raise MediaError(f"{name} holds no frame")
+    if spread:
+        note = (f"{name} is {duration:.0f} s long: {len(frames)} frames taken, one each {step:.1f} s at most "
+                f"(not {fps:g} a second)")
     return frames, note
 
 
