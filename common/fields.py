@@ -253,16 +253,19 @@ SHAPED: tuple[Field, ...] = (
              "anthropic": "every Messages request reuses the longest cached prefix (cache_control is not needed)",
              "ollama": "every Ollama request reuses the longest cached prefix", "modelfile": PRESET,
              "set": "a chat keeps its own cache, from turn to turn"}),
-    _shaped("media", "images and audio among the prompt's parts", "Images and audio for a model with a projector.",
-            {"openai": ("image_url", "input_audio"), "responses": "input_image", "anthropic": "image",
-             "ollama": "images", "llamacpp": "multimodal_data", "cli": ("--image", "--audio"), "set": ("/image", "/audio")},
+    _shaped("media", "images, audio and video among the prompt's parts",
+            "Images, audio and video (as its frames) for a model with a projector.",
+            {"openai": ("image_url", "input_audio", "video_url"), "responses": ("input_image", "input_video"),
+             "anthropic": "image", "ollama": "images", "llamacpp": "multimodal_data",
+             "cli": ("--image", "--audio", "--video"), "set": ("/image", "/audio", "/video")},
             {"modelfile": "a Modelfile gives the projector (FROM a vision model), not what it is shown",
              "api": "tallow.api takes text and messages of text; serve the model for images and audio"}),
 )
 
 # The names of a shaped field that are carried inside a message's content (a part's type) or the
 # prompt object (llama.cpp's multimodal_data), or are chat commands: not a body's top-level fields
-IN_CONTENT = {"image_url", "input_audio", "input_image", "image", "multimodal_data", "/image", "/audio"}
+IN_CONTENT = {"image_url", "input_audio", "input_image", "image", "multimodal_data", "video_url", "input_video", "/image",
+              "/audio", "/video"}
 
 BY_NAME: dict[str, Field] = {f.name: f for f in (*FIELDS, *SHAPED)}
 SAMPLING = tuple(f for f in FIELDS if f.sampling)
