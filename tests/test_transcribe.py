@@ -328,3 +328,31 @@ def test_audio_past_the_limit_stops_as_it_decodes(fox, tmp_path):
         for block in blocks(long, long.name, max_seconds=2.0):
             seen.append(len(block))
     assert sum(seen) <= 2.0 * 16_000 + 4096  # it stopped within a block of the limit
+
+
+def test_the_servers_whisper_model_is_unloaded_after_keep_alive_unless_in_use(tmp_path):
+    # the front holds a Whisper model itself (no runner): idle past the server's keep_alive it
+    # is let go, as a runner would be; one in use, or used again since, stays
+    import time
+    from types import SimpleNamespace
+
+    from tallow.models.resolve import LocalModel
+    from tallow.serve.front.audio_route import Listener
+
+    listener = Listener(None, SimpleNamespace(settings=SimpleNamespace(keep_alive=0.3)), threads=1)
+    local = LocalModel("whisper:base", [whisper_folder()], None, kind="whisper")
+
+    def loaded_after(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and local.name in listener.loaded:
+            time.sleep(0.05)
+        return local.name in listener.loaded
+
+    first, lock = listener.model(local)
+    with lock:  # recognising now: an expiry that comes meanwhile leaves it
+        listener.idle(local.name)
+        assert loaded_after(1.0)
+    listener.idle(local.name)
+    assert not loaded_after(5.0)
+    again, _ = listener.model(local)
+    assert again is not first  # loaded anew on the next request

@@ -130,8 +130,11 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
             guard = listen.guard(names[0] if names else "", history)
             front = FrontConfig(guard, names[0] if names else None, version("tallow"), conf.threads or physical_cores())
             app = create_front(pool, registry, front, replica)
-            run_uvicorn(app, sock, functools.partial(_started, pool, names, replica, sock, listen), replica,
-                        listen.drain_timeout, listen.header_timeout)
+            try:
+                run_uvicorn(app.asgi(), sock, functools.partial(_started, pool, names, replica, sock, listen), replica,
+                            listen.drain_timeout, listen.header_timeout)
+            finally:
+                app.close()
         finally:
             pool.close()
 

@@ -43,6 +43,9 @@ def missing_extra() -> TallowError:
 class Whisper:
     """A loaded Whisper model (a CTranslate2 folder), on the CPU."""
 
+    window_s: float | None = None  # any window: it finds the segments in it, with their times
+    whole_windows = False
+
     def __init__(self, folder: Path, threads: int, compute_type: str = "int8") -> None:
         try:
             from faster_whisper import WhisperModel

@@ -106,12 +106,9 @@ def decode_audio(raw: bytes, name: str = "the audio", max_bytes: int = MAX_BYTES
         return decode_wav(raw, name, max_bytes)
     if len(raw) > max_bytes:
         raise MediaError(f"{name} is {len(raw):,} bytes, more than the limit of {max_bytes:,}")
-    try:
-        from tallow.runtime.speech.decode import RATE, whole
-    except ImportError:
-        raise MediaError(f"{name} is not a WAV file, and reading other formats needs PyAV",
-                         'pip install "tallow[speech]", or give a WAV file') from None
     import io
+
+    from tallow.runtime.speech.decode import RATE, whole  # imports PyAV only when it decodes
 
     try:
         samples = whole(io.BytesIO(raw), name, MAX_SECONDS)

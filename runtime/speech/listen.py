@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Protocol
 
 import numpy as np
 
@@ -38,14 +38,27 @@ class Ask:
     window_s: float = WINDOW_S
 
 
-def transcribe(whisper, source: Path | BinaryIO, name: str, ask: Ask, out: Transcript) -> Iterator[Segment]:
+class Recogniser(Protocol):
+    """What `transcribe` drives: Whisper (runtime/backend/whisper.py), or an audio language
+    model in this process (spoken.AudioModel) or behind a runner (serve's RunnerEars)."""
+
+    window_s: float | None  # the longest window it takes at once; None: any
+    whole_windows: bool  # one segment a window, with no times inside: nothing to cut windows at
+
+    def recognise(self, samples: np.ndarray, *, language: str | None, task: str, prompt: str | None,
+                  temperature: float | tuple[float, ...], vad: bool, words: bool = False
+                  ) -> tuple[Iterator[Any], dict[str, Any]]: ...
+
+
+def transcribe(whisper: Recogniser, source: Path | BinaryIO, name: str, ask: Ask, out: Transcript) -> Iterator[Segment]:
     """The file's segments as they are recognised; `out` gathers them and the totals."""
     started = time.perf_counter()
     out.task = "translate" if ask.translate else "transcribe"
     language, prompt, t0, number = ask.language, ask.prompt, 0.0, 0
     pending: list[np.ndarray] = []
     held, more = 0, blocks(source, name)
-    done, window_s = False, min(ask.window_s, getattr(whisper, "window_s", ask.window_s))
+    done, window_s = False, min(ask.window_s, whisper.window_s or ask.window_s)
+    margin = 0.0 if whisper.whole_windows else MARGIN_S
     while True:
         while held < window_s * RATE and not done:
             block = next(more, None)
@@ -58,7 +71,7 @@ def transcribe(whisper, source: Path | BinaryIO, name: str, ask: Ask, out: Trans
         if not held:
             break
         window = np.concatenate(pending)
-        kept, cut = _recognise(whisper, window, ask, language, prompt, out, last=done, margin=margin_for(whisper))
+        kept, cut = _recognise(whisper, window, ask, language, prompt, out, last=done, margin=margin)
         language = language or out.language
         for seg in kept:
             number += 1
@@ -76,13 +89,7 @@ def transcribe(whisper, source: Path | BinaryIO, name: str, ask: Ask, out: Trans
     out.elapsed = time.perf_counter() - started
 
 
-def margin_for(recogniser) -> float:
-    """A recogniser that gives one segment a window (an audio language model) has nothing to
-    cut at: its windows follow each other without a margin."""
-    return 0.0 if getattr(recogniser, "window_s", None) else MARGIN_S
-
-
-def _recognise(whisper, window: np.ndarray, ask: Ask, language: str | None, prompt: str | None, out: Transcript,
+def _recognise(whisper: Recogniser, window: np.ndarray, ask: Ask, language: str | None, prompt: str | None, out: Transcript,
                last: bool, margin: float = MARGIN_S) -> tuple[list[Segment], float]:
     """One window's kept segments (times within it) and where the next window starts."""
     span = len(window) / RATE

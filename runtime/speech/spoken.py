@@ -52,7 +52,8 @@ def no_words() -> TallowError:
 class AudioModel:
     """An engine with an audio projector, answering `Whisper.recognise`'s call."""
 
-    window_s = WINDOW_S
+    window_s: float | None = WINDOW_S
+    whole_windows = True  # one segment a window: its answer
 
     def __init__(self, engine, max_tokens: int = MAX_TOKENS) -> None:
         self.engine, self.max_tokens = engine, max_tokens

@@ -43,8 +43,16 @@ class Listener:
         self.registry, self.pool, self.threads, self.usage = registry, pool, threads, usage
         self.loaded: dict[str, Any] = {}
         self.locks: dict[str, threading.Lock] = {}
+        self.used: dict[str, float] = {}  # a loaded model's last use (monotonic): idle past keep_alive, unloaded
         self.guard = threading.Lock()
         self.writer: Any = None  # a UsageWriter, made with the first metered request
+
+    def close(self) -> None:
+        """The usage rows still queued, written (the writer's thread would die with the process)."""
+        with self.guard:
+            writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.close()
 
     def meter(self, request: HTTPRequest, model: str, audio_s: float, started: float) -> None:
         """A row for the key that asked: the audio heard (the runners meter tokens likewise)."""
@@ -102,7 +110,8 @@ class Listener:
         data = io.BytesIO(await upload.read())
         name, started = upload.filename or "upload", time.perf_counter()
         done = functools.partial(self.meter, request, local.name, started=started)
-        release = functools.partial(self.pool.release, runner) if runner is not None else _nothing
+        release = functools.partial(self.pool.release, runner) if runner is not None else \
+            functools.partial(self.idle, local.name)
         if _flag(form, "stream"):
             return ClosingStreamingResponse(iterate_in_threadpool(_events(whisper, lock, data, name, ask, done, release)),
                                             media_type="text/event-stream")
@@ -128,6 +137,29 @@ class Listener:
         runner, _ = await run_in_threadpool(self.pool.acquire, local.name)
         return runner
 
+    def idle(self, name: str) -> None:
+        """A Whisper model's recognition ended: unloaded once it has been idle for the
+        server's keep_alive (as a runner would be), unless it is used again meanwhile."""
+        keep = self.pool.settings.keep_alive
+        with self.guard:
+            self.used[name] = stamp = time.monotonic()
+        if keep is not None:
+            timer = threading.Timer(keep, self.expire, (name, stamp))
+            timer.daemon = True  # a pending expiry does not hold the server open
+            timer.start()
+
+    def expire(self, name: str, stamp: float) -> None:
+        with self.guard:
+            lock = self.locks.get(name)
+            if self.used.get(name) != stamp or lock is None or not lock.acquire(blocking=False):
+                return  # used since, or in use now: its own end schedules the next expiry
+            try:
+                self.loaded.pop(name, None)
+                self.locks.pop(name, None)
+                self.used.pop(name, None)
+            finally:
+                lock.release()
+
     def model(self, local):
         """A stored Whisper model, loaded once (and a lock: one recognition at a time)."""
         with self.guard:
@@ -140,6 +172,7 @@ class Listener:
                     raise APIError(exc.message + (f" ({exc.hint})" if exc.hint else ""), 501,
                                    kind="server_error") from exc
                 self.locks[local.name] = threading.Lock()
+            self.used[local.name] = time.monotonic()  # not expired while this request waits for it
             return self.loaded[local.name], self.locks[local.name]
 
 
@@ -207,10 +240,6 @@ def _response(fmt: str, heard, words: bool) -> Response:
         return JSONResponse(as_json(fmt, heard, words))
     media = {"srt": "application/x-subrip", "vtt": "text/vtt"}.get(fmt, "text/plain")
     return PlainTextResponse(document(fmt, heard, words), media_type=media)
-
-
-def _nothing() -> None:
-    return None
 
 
 def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask, done, release):

@@ -25,7 +25,8 @@ from tallow.serve.front import upstream
 class RunnerEars:
     """A runner's model, answering `Whisper.recognise`'s call."""
 
-    window_s = WINDOW_S
+    window_s: float | None = WINDOW_S
+    whole_windows = True  # one segment a window: its answer
 
     def __init__(self, socket: str, model: str) -> None:
         self.socket, self.model = socket, model

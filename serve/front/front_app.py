@@ -56,9 +56,9 @@ class FrontConfig:
     threads: int = 2  # for a Whisper model, which the front runs itself
 
 
-def create_front(pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica | None = None) -> Guard:
+def create_front(pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica | None = None) -> FrontApp:
     """The front's app; `replica` is its state as one replica among several (serve/http/replica.py)."""
-    return FrontApp(pool, registry, cfg, replica or Replica()).asgi()
+    return FrontApp(pool, registry, cfg, replica or Replica())
 
 
 class FrontApp:
@@ -93,6 +93,10 @@ class FrontApp:
         app = Starlette(routes=routes, middleware=cors(self.cfg.guard),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg.guard, self.replica, self.keys)
+
+    def close(self) -> None:
+        """After serving: the front's own usage rows (transcriptions) written before it exits."""
+        self.listener.close()
 
     async def transcriptions(self, request: HTTPRequest) -> Response:
         return await self.listener.transcriptions(request)
