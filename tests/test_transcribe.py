@@ -356,3 +356,19 @@ def test_the_servers_whisper_model_is_unloaded_after_keep_alive_unless_in_use(tm
     assert not loaded_after(5.0)
     again, _ = listener.model(local)
     assert again is not first  # loaded anew on the next request
+
+
+def test_what_a_transcription_may_be_asked_is_declared_once(tmp_path):
+    # transcribe's flags and the audio routes' form fields come from ASKED: each entry is a
+    # flag of the command, with its help, and each form name is a field the route takes
+    from tallow.runtime.speech.asked import ASKED
+    from tallow.serve.front.audio_route import FIELDS
+
+    shown = run_tallow(["transcribe", "--help"], home=tmp_path, env={"COLUMNS": "400"}).stdout.decode()
+    for asked in ASKED.values():
+        assert asked.flag in shown and asked.help.split(" (")[0][:40] in shown, asked.name
+        assert asked.form is None or asked.form in FIELDS
+    assert ASKED["temperature"].check(0.5) == 0.5
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(Exception, match="from 0 to 1"):
+            ASKED["temperature"].check(bad)

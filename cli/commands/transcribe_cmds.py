@@ -12,6 +12,7 @@ import typer
 from tallow.cli import options as o
 from tallow.cli.render import err_console
 from tallow.common.errors import TallowError
+from tallow.runtime.speech.asked import ASKED
 
 EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
 MAX_STDIN = 2 * 1024 ** 3  # audio read from a pipe is held in memory (a container needs to seek)
@@ -23,12 +24,14 @@ def transcribe(
     model: str = typer.Option("whisper:base", "--model", "-m", help="A Whisper model, or a model whose projector hears (an audio encoder).",
                               autocompletion=o.complete_model),
     fmt: str = typer.Option("text", "--format", "-f", help="text, json, verbose_json, srt or vtt."),
-    language: Optional[str] = typer.Option(None, "--language", "-l", help="The language spoken, as a code (en, de, ja) [default: detected].", show_default=False),
-    translate: bool = typer.Option(False, "--translate", help="Write the speech in English, whatever the language spoken."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", help="Words to expect: names, jargon, spelling (Whisper's initial prompt).", show_default=False),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, max=1.0, help="Sampling temperature [default: 0, raised on a window that fails].", show_default=False),
-    word_timestamps: bool = typer.Option(False, "--word-timestamps", help="With verbose_json: each word's start and end too."),
-    no_vad: bool = typer.Option(False, "--no-vad", help="Recognise silence too (by default a voice detector skips it)."),
+    language: Optional[str] = typer.Option(None, ASKED["language"].flag, "-l", help=ASKED["language"].help, show_default=False),
+    translate: bool = typer.Option(False, ASKED["translate"].flag, help=ASKED["translate"].help),
+    prompt: Optional[str] = typer.Option(None, ASKED["prompt"].flag, help=ASKED["prompt"].help, show_default=False),
+    temperature: Optional[float] = typer.Option(None, ASKED["temperature"].flag, min=ASKED["temperature"].low,
+                                                max=ASKED["temperature"].high, help=ASKED["temperature"].help,
+                                                show_default=False),
+    word_timestamps: bool = typer.Option(False, ASKED["words"].flag, help=ASKED["words"].help),
+    no_vad: bool = typer.Option(False, ASKED["vad"].flag, help=ASKED["vad"].help),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write one file per input into this folder (NAME.txt, .srt...); inputs already written are skipped, so a run resumes.", show_default=False),
     threads: o.Threads = None,
     offline: o.Offline = False,

@@ -24,14 +24,16 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from tallow.common.errors import APIError, TallowError
+from tallow.runtime.speech.asked import ASKED
 from tallow.serve.front.audio_runner import RunnerEars
 from tallow.serve.front.proxy import allowed
 from tallow.serve.http.body import read_body
 from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.wire.apis import body_limit
 
-FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
-          "timestamp_granularities", "stream"}
+# OpenAI's form: the upload, the model, how to answer, and what ASKED declares for the route
+FIELDS = {"file", "model", "response_format", "stream", "timestamp_granularities",
+          *(a.form for a in ASKED.values() if a.form)}
 
 
 class Listener:
@@ -203,16 +205,14 @@ def _text(form, field: str) -> str | None:
 
 
 def _temperature(form) -> float | None:
-    raw = _text(form, "temperature")
+    raw, asked = _text(form, "temperature"), ASKED["temperature"]
     if raw is None:
         return None
     try:
-        value = float(raw)
-    except ValueError:
-        raise APIError("'temperature' must be a number from 0 to 1", param="temperature") from None
-    if not 0.0 <= value <= 1.0:
-        raise APIError("'temperature' must be a number from 0 to 1", param="temperature")
-    return value
+        return asked.check(float(raw))
+    except (ValueError, TallowError):
+        raise APIError(f"'temperature' must be a number from {asked.low:g} to {asked.high:g}",
+                       param="temperature") from None
 
 
 def _flag(form, field: str) -> bool:
