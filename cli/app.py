@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
     "batch": ("batch_cmds", "batch", "Run every request of a JSONL file, many at once.", False),
     "embed": ("embed_cmds", "embed", "Embed texts: one vector per text, or an index to search.", False),
     "search": ("embed_cmds", "search", "Find the stored texts nearest to a query.", False),
+    "tokenize": ("embed_cmds", "tokenize", "Split a text into the model's tokens, or count them.", False),
     "transcribe": ("transcribe_cmds", "transcribe", "Transcribe speech to text with a Whisper model.", False),
     "serve": ("serve_cmds", "serve", "Serve models over HTTP: OpenAI, Anthropic and Ollama APIs.", False),
     "ui": ("ui_cmds", "ui", "Open the chat page, starting a loopback server if none runs.", False),

@@ -112,3 +112,13 @@ def open_engine(local: LocalModel, load: LoadSettings, cache: CacheSite | None, 
     if cache is not None:
         attach_cache(engine, local, cache)
     return engine
+
+
+def open_vocabulary(local: LocalModel):
+    """The model's vocabulary alone, loaded without its weights (a runtime.backend.Model that
+    tokenizes and names pieces; close it when done)."""
+    from tallow.runtime import backend
+
+    check_generates(local)
+    backend.init()
+    return backend.Model(local.paths, 0, vocab_only=True)

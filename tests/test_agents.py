@@ -304,3 +304,24 @@ def test_legacy_functions_are_answered_in_their_own_shape(server):
     assert done.choices[0].message.content == "OK" and done.choices[0].finish_reason == "stop"
     with pytest.raises(openai.BadRequestError, match="functions"):
         c.chat.completions.create(model="agent.gguf", messages=USER, functions=functions, tools=CHAT_TOOLS)
+
+
+def test_the_counting_routes_equal_the_prompt_tokens_of_the_same_request(server):
+    # llama-server's /v1/chat/completions/input_tokens and OpenAI's /v1/responses/input_tokens:
+    # the prompt the same body would evaluate (template and tools included), not a guess
+    import urllib.request
+
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    chat = {"model": "agent.gguf", "messages": USER, "tools": CHAT_TOOLS, "max_tokens": 1}
+    asked = c.chat.completions.create(**chat)
+    request = urllib.request.Request(server.url + "/v1/chat/completions/input_tokens", json.dumps(chat).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert json.loads(r.read()) == {"input_tokens": asked.usage.prompt_tokens}
+    answered = c.responses.create(model="agent.gguf", input="What is the weather in Paris?", tools=RESPONSE_TOOLS,
+                                  instructions="Be brief.", max_output_tokens=1)
+    counted = c.responses.input_tokens.count(model="agent.gguf", input="What is the weather in Paris?",
+                                             tools=RESPONSE_TOOLS, instructions="Be brief.")
+    assert counted.object == "response.input_tokens" and counted.input_tokens == answered.usage.input_tokens
+    with pytest.raises(openai.BadRequestError, match="surprise"):
+        c.responses.input_tokens.count(model="agent.gguf", input="hi", extra_body={"surprise": 1})

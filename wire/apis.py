@@ -49,6 +49,7 @@ AUDIO_BODY = 25 * 1024 * 1024  # OpenAI's limit on an audio upload
 
 OPENAI = API("openai", "openai", (
     Route("/chat/completions", GENERATE, "chat_completions", prefixes=BOTH),
+    Route("/chat/completions/input_tokens", GENERATE, "chat_input_tokens", prefixes=BOTH),  # llama-server's
     Route("/completions", GENERATE, "completions", prefixes=("/v1",)),  # bare /completions is llama.cpp's
     Route("/embeddings", EMBED, "embeddings", prefixes=BOTH),
     Route("/models", READ, "models", ("GET",), BOTH, front=True),  # a runner lists its own model
@@ -58,6 +59,7 @@ OPENAI = API("openai", "openai", (
 ), lambda err: err.body())
 RESPONSES = API("responses", "responses", (
     Route("/responses", GENERATE, "responses", prefixes=BOTH),
+    Route("/responses/input_tokens", GENERATE, "responses_input_tokens", prefixes=BOTH),
 ), lambda err: err.body())
 ANTHROPIC = API("anthropic", "anthropic", (
     Route("/messages", GENERATE, "messages", prefixes=BOTH),

@@ -1,4 +1,5 @@
-"""tallow embed and tallow search: vectors for texts, and the nearest stored texts to a query."""
+"""tallow embed, search and tokenize: vectors for texts, the nearest stored texts to a query, and
+a text's tokens."""
 
 from __future__ import annotations
 
@@ -180,3 +181,45 @@ def search(
     con = out_console()
     for h in hits:
         con.print(f"{h.score:.4f}  {h.text}", soft_wrap=True, markup=False, highlight=False)
+
+
+def tokenize(
+    model: o.Model,
+    text: Optional[str] = typer.Argument(None, help="The text [default: all of stdin].", show_default=False),
+    count: bool = typer.Option(False, "--count", "-c", help="Print only how many tokens the text is."),
+    no_bos: bool = typer.Option(False, "--no-bos", help="Leave out the BOS token the model puts before a prompt."),
+    no_special: bool = typer.Option(False, "--no-special", help="Read special tokens written in the text (<|im_start|>) as plain text."),
+    as_json: o.Json = False,
+    offline: o.Offline = False,
+) -> None:
+    """Split a text into the model's tokens, or count them.
+
+    The text is taken as it is, with no chat template around it (a request's whole prompt is
+    counted by the server's /v1/chat/completions/input_tokens). Only the vocabulary is read,
+    not the weights, so it is quick on any model.
+
+    Example: tallow tokenize smollm2:135m --count < notes.txt
+    """
+    from tallow.cli.models import find_model
+    from tallow.runtime.opening import open_vocabulary
+
+    if text is None:
+        if sys.stdin.isatty():
+            raise typer.BadParameter("give a TEXT, or pipe one in", param_hint="TEXT")
+        text = sys.stdin.read()
+    if count and as_json:
+        raise typer.BadParameter("--count prints a number; --json prints the tokens and their count", param_hint="--count")
+    local = find_model(model, offline)
+    vocab = open_vocabulary(local)
+    try:
+        ids = vocab.tokenize(text, add_special=not no_bos, parse_special=not no_special)
+        pieces = [vocab.written(t).decode("utf-8", "replace") for t in ids]
+    finally:
+        vocab.close()
+    if count:
+        print(len(ids))
+    elif as_json:
+        print(json.dumps({"model": local.name, "count": len(ids), "tokens": [{"id": t, "piece": p} for t, p in zip(ids, pieces)]},
+                         ensure_ascii=False))
+    else:
+        sys.stdout.write("".join(f"{t}\t{json.dumps(p, ensure_ascii=False)}\n" for t, p in zip(ids, pieces)))

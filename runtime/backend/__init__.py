@@ -173,12 +173,14 @@ class Model:
     """A loaded model and its vocabulary."""
 
     def __init__(self, paths: list[Path], n_gpu_layers: int, extra_buffers: bool = True, no_alloc: bool = False,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, vocab_only: bool = False) -> None:
         """`extra_buffers`: repacked weight layouts for faster CPU kernels (runtime/calibration/machine.py
         decides); `no_alloc`: read the metadata and plan the buffers, allocate no weights;
-        `placement`: which GPUs (runtime.types.Placement)."""
+        `placement`: which GPUs (runtime.types.Placement); `vocab_only`: the vocabulary alone
+        (tokenizing needs no weights)."""
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
         params.use_extra_bufts = extra_buffers
         params.no_alloc = no_alloc
         from tallow.runtime.backend.placement import place
@@ -243,6 +245,16 @@ class Model:
         out = buf.raw[:n]
         self._pieces[token] = out
         return out
+
+    def written(self, token: int) -> bytes:
+        """A token as text, a special token's own text included (`piece` gives none for
+        <|im_start|> and its like, which never appear in an answer)."""
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> bytes:
         """Whole-sequence detokenization by llama.cpp itself (a reference for tests)."""

@@ -174,10 +174,7 @@ class RunnerApp:
         return await self.answer(request, parsed, size, adapters)
 
     async def responses(self, request: HTTPRequest) -> Response:
-        body, size = await self.body_of(request)
-        prev = body.get("previous_response_id")
-        previous = self.store.get(prev, "previous_response_id")[1] if prev is not None else None
-        parsed = await self.parse(size, responses_api.parse, body, self.limits, previous)
+        parsed, size = await self.responses_parsed(request)
         cfg, store = self.cfg, self.store
 
         def keep(a: ResponsesAdapter) -> None:
@@ -186,16 +183,38 @@ class RunnerApp:
 
         return await self.answer(request, parsed, size, ResponsesAdapter(parsed, cfg.model), keep)
 
+    async def responses_parsed(self, request: HTTPRequest):
+        """A Responses body parsed (a stored previous response's conversation before it), and its size."""
+        body, size = await self.body_of(request)
+        prev = body.get("previous_response_id")
+        previous = self.store.get(prev, "previous_response_id")[1] if prev is not None else None
+        return await self.parse(size, responses_api.parse, body, self.limits, previous), size
+
     async def messages(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
         parsed = await self.parse(size, anthropic_api.parse, body, self.limits)
         return await self.answer(request, parsed, size, MessagesAdapter(parsed, self.cfg.model))
 
+    # -- token counts: the prompt the same request would evaluate, tools and template included --
+
+    async def counted(self, parsed) -> int:
+        return len((await run_in_threadpool(to_request, self.engine, parsed)).prompt_tokens)
+
     async def count_tokens(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
         parsed = await self.parse(size, anthropic_api.parse_count, body, self.limits)
-        req = await run_in_threadpool(to_request, self.engine, parsed)
-        return JSONResponse({"input_tokens": len(req.prompt_tokens)})
+        return JSONResponse({"input_tokens": await self.counted(parsed)})
+
+    async def chat_input_tokens(self, request: HTTPRequest) -> Response:
+        """llama-server's /v1/chat/completions/input_tokens: a chat body's prompt, counted."""
+        body, size = await self.body_of(request)
+        parsed = await self.parse(size, parse_chat, body, self.limits)
+        return JSONResponse({"input_tokens": await self.counted(parsed)})
+
+    async def responses_input_tokens(self, request: HTTPRequest) -> Response:
+        """OpenAI's /v1/responses/input_tokens."""
+        parsed, _ = await self.responses_parsed(request)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": await self.counted(parsed)})
 
     async def ollama(self, request: HTTPRequest) -> Response:
         body, size = await self.body_of(request)
