@@ -95,6 +95,8 @@ class Answer:
             self.calls.text += final.tail
         if not self.failed:
             last, whole = self.calls.finish()
+            if whole.cut and final.finish_reason == "length":  # cut inside a call: the raw text is no answer
+                return deltas, self._cut(whole, final)
             deltas += self._checked(last)
             unknown = [c.name for c in whole.calls if c.name not in self.names]
             invalid = None if whole.error or unknown else self._invalid(whole.calls)
@@ -110,12 +112,22 @@ class Answer:
             deltas.append(Delta("content", rest))
         return deltas, Outcome(text, final.reasoning, [], self.failed, final.finish_reason)
 
+    def _cut(self, got, final: FinalEvent) -> Outcome:
+        """An answer max_tokens cut inside a call: the calls completed before the cut, as calls
+        (the one cut off is dropped, and `error` says so), the finish reason still length."""
+        done = [c for c in got.before_cut if c.name in self.names]
+        ids = self.ids + [call_id() for _ in range(len(done) - len(self.ids))]
+        calls = [(ids[i], c.name, c.arguments) for i, c in enumerate(done)]
+        return Outcome("", final.reasoning, calls, got.error + " by max_tokens", "length")
+
     def whole(self, final: FinalEvent) -> Outcome:
         """The outcome of an answer that was not streamed."""
         if self.calls is None:
             return Outcome(final.text, final.reasoning, finish_reason=final.finish_reason)
         assert self.fmt is not None  # calls are read only where a format is
         got = scan(final.text, self.fmt, final=True)
+        if got.cut and final.finish_reason == "length":
+            return self._cut(got, final)
         unknown = [c.name for c in got.calls if c.name not in self.names]
         invalid = None if got.error or unknown else self._invalid(got.calls)
         if got.error is not None or unknown or invalid:

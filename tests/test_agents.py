@@ -325,3 +325,35 @@ def test_the_counting_routes_equal_the_prompt_tokens_of_the_same_request(server)
     assert counted.object == "response.input_tokens" and counted.input_tokens == answered.usage.input_tokens
     with pytest.raises(openai.BadRequestError, match="surprise"):
         c.responses.input_tokens.count(model="agent.gguf", input="hi", extra_body={"surprise": 1})
+
+
+HEAD, TAIL = '{"name": "get_weather", "arguments": ', '{"city": "Paris"}}'
+
+
+def test_calls_completed_before_max_tokens_cut_are_kept(tmp_path):
+    # a model that calls again and again: max_tokens ends it inside its second call, and the
+    # first comes back as a call (finish reason length), not the envelope as text
+    model = write_synthetic_gguf(tmp_path / "again.gguf", template=HERMES, extra_tokens=("<tool_call>", "</tool_call>", HEAD, TAIL),
+                                 script={"\n": "<tool_call>", "<tool_call>": HEAD, HEAD: TAIL, TAIL: "</tool_call>",
+                                         "</tool_call>": "<tool_call>"})
+    s = Server(model, tmp_path / "home")
+    try:
+        c = s.client()
+        body = {"model": "again.gguf", "messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required",
+                "temperature": 0, "max_tokens": 6}
+        r = c.chat.completions.create(**body)
+        msg = r.choices[0]
+        assert msg.finish_reason == "length" and not msg.message.content
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in msg.message.tool_calls] == \
+            [("get_weather", {"city": "Paris"})]
+        chunks = list(c.chat.completions.create(**body, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)  # no envelope as text
+        a = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0)
+        m = a.messages.create(model="again.gguf", max_tokens=6, messages=USER, tools=ANTHROPIC_TOOLS,
+                              tool_choice={"type": "any"}, extra_body={"temperature": 0})
+        assert m.stop_reason == "max_tokens"
+        assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("get_weather", {"city": "Paris"})]
+        assert not any(b.type == "text" and b.text for b in m.content)
+    finally:
+        s.close()

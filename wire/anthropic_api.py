@@ -170,10 +170,10 @@ def _usage(final: FinalEvent | None, prompt_tokens: int = 0, cached: int = 0) ->
 
 
 def _stop_reason(final: FinalEvent, outcome: Outcome) -> str:
+    if final.finish_reason == "length":  # calls completed before the cut come with it (runtime/answer.py)
+        return "max_tokens"
     if outcome.calls:
         return "tool_use"
-    if final.finish_reason == "length":
-        return "max_tokens"
     return "stop_sequence" if final.stop_sequence else "end_turn"
 
 

@@ -25,6 +25,10 @@ class Scan:
     content: str = ""  # answer text that is certainly not part of a call
     calls: list[Call] = field(default_factory=list)
     error: str | None = None  # why text that looked like a call is returned as content
+    # an answer that ends inside a call: the calls completed before it (kept when the end was
+    # max_tokens, runtime/answer.py), and whether that is why it failed
+    before_cut: list[Call] = field(default_factory=list)
+    cut: bool = False
 
 
 def value_end(text: str, i: int) -> int | None:
@@ -154,8 +158,11 @@ def held_marker(text: str, marker: str) -> int:
 
 
 def fail(text: str, out: Scan, error: str) -> Scan:
-    """The whole answer as content: what looked like a call did not parse."""
-    return Scan(content=text, calls=[], error=error)
+    """The whole answer as content: what looked like a call did not parse. When it failed by
+    ending inside a call, the calls completed before are kept aside."""
+    cut = "cut off" in error  # every scanner says so of an answer that ends inside a call
+    return Scan(content=text, calls=[], error=error, before_cut=[c for c in out.calls if c.complete] if cut else [],
+                cut=cut)
 
 
 def unsure(parts: list[str], out: Scan) -> Scan:
