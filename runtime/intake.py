@@ -72,6 +72,7 @@ def to_request(engine, parsed: Parsed) -> Request:
     if parsed.prediction:
         kwargs["prediction"] = tuple(engine.model.tokenize(parsed.prediction, add_special=False, parse_special=False))
     if parsed.messages is not None:
+        _check_template_kwargs(engine, parsed.template_kwargs)
         head = 0
         while head < len(parsed.messages) - 1 and parsed.messages[head]["role"] == "system":
             head += 1
@@ -83,6 +84,17 @@ def to_request(engine, parsed: Parsed) -> Request:
             raise APIError(exc.message, param="messages") from exc
     assert parsed.prompt is not None  # a completion's
     return Request(tokens_of(engine, parsed.prompt), grammar=grammar, **kwargs)
+
+
+def _check_template_kwargs(engine, names: dict[str, Any] | None) -> None:
+    """chat_template_kwargs the model's template never reads are refused by name, not ignored."""
+    template = engine.chat_template() if names else None
+    unread = sorted(set(names or ()) - template.reads) if template is not None else sorted(names or ())
+    if unread:
+        own = sorted(template.reads - {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                       "raise_exception", "range", "namespace", "strftime_now"}) if template else []
+        raise APIError(f"'chat_template_kwargs': this model's chat template never reads {unread[0]!r}"
+                       + (f" (it reads {', '.join(own)})" if own else " (it reads none)"), param="chat_template_kwargs")
 
 
 def draft_method(engine, draft: str | None) -> str | None:

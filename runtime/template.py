@@ -115,13 +115,21 @@ def _bounded_filter(original, unsafe):
     return bounded
 
 
+def _read_names(env, source: str) -> set[str]:
+    from jinja2 import meta
+
+    return meta.find_undeclared_variables(env.parse(source))
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
         from jinja2 import TemplateError as JinjaError
 
         self._budget = _Budget()
+        env = _env(self._budget)
         try:
-            self._template = _env(self._budget).from_string(source)
+            self._template = env.from_string(source)
+            self.reads = frozenset(_read_names(env, source))  # the names it reads: chat_template_kwargs must be among them
         except JinjaError as exc:
             raise TemplateError(f"the model's chat template does not parse: {exc}", "use --raw to send the prompt as is") from exc
         self.source = source

@@ -33,6 +33,12 @@ def test_the_template_reads_what_the_request_sets(client):
     assert _ask(client, extra_body={"chat_template_kwargs": {"enable_thinking": True}}) == "xxx"
 
 
+def test_a_name_the_template_never_reads_is_refused_by_name(client):
+    with pytest.raises(openai.BadRequestError, match="never reads 'reasoning_level' \\(it reads enable_thinking\\)"):
+        _ask(client, extra_body={"chat_template_kwargs": {"reasoning_level": "high"}})
+    assert _ask(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}}) == "yyy"  # still served
+
+
 def test_what_tallow_gives_the_template_cannot_be_overridden(client):
     for bad in ({"messages": []}, {"add_generation_prompt": False}, ["enable_thinking"], {"not a name": 1}):
         with pytest.raises(openai.BadRequestError) as err:
