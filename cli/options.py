@@ -63,6 +63,7 @@ Format = Annotated[Optional[str], typer.Option("--format", help="'json': the ans
 Grammar = Annotated[Optional[str], typer.Option("--grammar", help="A GBNF grammar (a file, or the grammar itself) the answer must follow, as llama.cpp's.", show_default=False)]
 JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="A JSON schema (a file, or the JSON itself) the answer must follow.", show_default=False)]
 Lora = Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter (GGUF) to load with the model, FILE or FILE:SCALE (repeatable; the scale defaults to 1, 0 loads it unapplied).", show_default=False)]
+Think = Annotated[Optional[str], typer.Option("--think", help="Whether a reasoning model thinks, as Ollama's think: on, off, or an effort (low, medium, high: a budget of 512, 2048, 8192 tokens); instead of --reasoning-budget.", show_default=False)]
 ReasoningBudget = Annotated[Optional[int], typer.Option("--reasoning-budget", min=0, max=2**31, help="Tokens a reasoning model may think for (its closing marker included) before its thinking is closed and it answers; 0: no thinking [default: no cap].", show_default=False)]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save prompt prefixes in the disk cache.")]
 ToolFormat = Annotated[str, typer.Option("--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic.")]
@@ -394,3 +395,17 @@ def embed_settings(threads: int | None, gpu_layers: str, pooling: str | None, ba
     if pooling is not None and (pooling not in POOLING or pooling == "none"):
         raise TallowError(f"--pooling must be mean, cls, last or rank, not {pooling!r}")
     return replace(load_settings(None, threads, gpu_layers, "auto"), n_batch=batch_size, pooling=pooling)
+
+
+def thinking(think: str | None, budget: int | None) -> int | None:
+    """--think or --reasoning-budget as the one reasoning budget (None: no cap)."""
+    from tallow.common.fields import FieldError, think_budget
+
+    if think is None:
+        return budget
+    if budget is not None:
+        raise typer.BadParameter("give --think or --reasoning-budget, not both", param_hint="--think")
+    try:
+        return think_budget(think, "--think")
+    except FieldError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--think") from None

@@ -181,6 +181,20 @@ def _shaped(name: str, shape: str, help: str, names: dict[str, tuple[str, ...] |
     return Field(name, object, None, None, None, help, named, absent, sampling=False, shape=shape)
 
 
+# OpenAI's reasoning efforts as budgets (tokens of reasoning), and Ollama's think as the CLI and
+# /set take it: on (no cap), off (no reasoning at all) or an effort
+EFFORT_BUDGETS = {"none": 0, "minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+THINK_WORDS = ("on", "off", "true", "false", "low", "medium", "high")
+
+
+def think_budget(word: str, label: str = "think") -> int | None:
+    """A --think or /set think word as a reasoning budget: None (no cap), 0, or an effort's."""
+    word = word.strip().lower()
+    if word not in THINK_WORDS:
+        raise FieldError(f"{label} is one of {', '.join(THINK_WORDS)}, not {word!r}", label)
+    return None if word in ("on", "true") else 0 if word in ("off", "false") else EFFORT_BUDGETS[word]
+
+
 PRESET = "a preset holds a model's defaults for sampling and limits; this is each request's own"
 AT_START = "chat sets this once, with its flag, when it starts"
 FROM_FORMAT = {"responses": "a schema goes in text.format", "ollama": "a schema goes in format",
@@ -228,8 +242,9 @@ SHAPED: tuple[Field, ...] = (
     _shaped("reasoning", "a budget in tokens (-1: none), or an effort", "How long a reasoning model may think "
             "(tokens, its closing marker included); an effort stands for a budget.",
             {"openai": ("reasoning_budget", "reasoning_effort"), "responses": ("reasoning_budget", "reasoning"),
-             "anthropic": "thinking", "ollama": "think", "cli": "--reasoning-budget", "api": "reasoning_budget"},
-            {"llamacpp": NATIVE_TEXT, "modelfile": PRESET, "set": AT_START}),
+             "anthropic": "thinking", "ollama": "think", "cli": ("--reasoning-budget", "--think"), "set": "think",
+             "api": "reasoning_budget"},
+            {"llamacpp": NATIVE_TEXT, "modelfile": PRESET}),
     _shaped("draft", "\"lookup\" or the draft model's name", "Speculative decoding: draft from the prompt and "
             "answer so far, or with the draft model loaded beside this one.",
             {"openai": "draft", "responses": "draft", "anthropic": "draft", "llamacpp": "draft", "cli": "--draft",

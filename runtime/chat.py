@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Generator
 
 from tallow.common.errors import TallowError
-from tallow.common.fields import Field, on_surface
+from tallow.common.fields import Field, FieldError, on_surface, think_budget
 from tallow.runtime.errors import ContextOverflow
 from tallow.runtime.protocol import Generating
 from tallow.runtime.types import FinalEvent, NoticeEvent, Sampling, TokenEvent
@@ -34,6 +34,14 @@ def _logprobs(value: str) -> int | None:
     return n
 
 
+def _think(value: str) -> int | None:
+    """/set think: the reasoning budget as Ollama's think says it."""
+    try:
+        return think_budget(value)
+    except FieldError:
+        raise ValueError("think is 'on', 'off' or an effort: low, medium, high") from None
+
+
 def _reported_sum(values) -> int | None:
     """The sum of the figures reported; None when no turn reported one (a remote server)."""
     values = list(values)
@@ -44,7 +52,7 @@ def _reported_sum(values) -> int | None:
 # /set's settings: the request fields' (the field table's names on "set", checked by the
 # table), and chat's own
 FIELD_SETTINGS: dict[str, Field] = on_surface("set")
-OWN_SETTINGS: dict[str, Callable[[str], Any]] = {"draft": _draft, "logprobs": _logprobs}
+OWN_SETTINGS: dict[str, Callable[[str], Any]] = {"draft": _draft, "logprobs": _logprobs, "think": _think}
 SETTABLE = (*FIELD_SETTINGS, *OWN_SETTINGS)
 
 
@@ -185,7 +193,7 @@ class Conversation:
             raise ValueError(f"unknown setting {name!r}; one of: {', '.join(SETTABLE)}")
         if name in OWN_SETTINGS:
             try:
-                setattr(self.settings, name, OWN_SETTINGS[name](value))
+                setattr(self.settings, "reasoning_budget" if name == "think" else name, OWN_SETTINGS[name](value))
             except ValueError as exc:
                 raise ValueError(f"{exc}, not {value!r}" if "'off'" in str(exc) else
                                  f"{name} needs a number or 'off', not {value!r}") from None

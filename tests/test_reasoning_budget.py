@@ -12,7 +12,7 @@ from helpers.processes import run_tallow
 from helpers.server import Server
 from helpers.synth import write_synthetic_gguf
 
-from tallow.wire.fields import EFFORT_BUDGETS
+from tallow.common.fields import EFFORT_BUDGETS
 
 FOREVER = {"\n": "h", "h": "m", "m": "h", "</think>": "O", "O": "K", "K": "<|im_end|>"}
 OPENS = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
@@ -74,6 +74,27 @@ def test_run_chat_and_batch_take_a_budget(home, tmp_path):
     assert r.returncode == 0, r.stderr
     record = json.loads((tmp_path / "out.jsonl").read_text())
     assert record["usage"]["reasoning_tokens"] == 4 and "OK" in json.dumps(record)
+
+
+def test_think_as_ollama_says_it_on_the_command_line_and_in_chat(home):
+    # --think and /set think take Ollama's words: off is a budget of 0, an effort its budget
+    def reasoning(*flags: str) -> tuple[str, int]:
+        r = run_tallow(["run", "thinker", "go", *flags, "--json", "-n", "600", "--no-cache"], home=home)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        return out["text"], out["usage"]["reasoning_tokens"]
+
+    assert reasoning("--think", "off") == ("OK", 1)  # closed before the first thought
+    assert reasoning("--think", "low") == ("OK", EFFORT_BUDGETS["low"])
+    for bad in (["--think", "maybe"], ["--think", "off", "--reasoning-budget", "3"]):
+        r = run_tallow(["run", "thinker", "go", *bad], home=home)
+        assert r.returncode == 2 and "--think" in r.stderr.decode()
+    chat = run_tallow(["chat", "thinker", "-n", "60", "--no-cache", "--stats"], home=home,
+                      input=b"/set think maybe\n/set think off\ngo\n")
+    assert chat.returncode == 0, chat.stderr
+    err = chat.stderr.decode()
+    assert "think is 'on', 'off' or an effort: low, medium, high, not 'maybe'" in err and "think = off" in err
+    assert "OK" in chat.stdout.decode()
 
 
 def test_every_api_names_its_budget(home):

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from tallow.common.errors import APIError, TallowError
-from tallow.common.fields import BY_NAME, IN_CONTENT, SHAPED, SURFACES, Field, FieldError, on_surface
+from tallow.common.fields import BY_NAME, EFFORT_BUDGETS, IN_CONTENT, SHAPED, SURFACES, Field, FieldError, on_surface
 from tallow.runtime.grammar import Schema
 from tallow.runtime.media import MARKER, marker
 from tallow.runtime.tools.choice import Tool, ToolChoice
@@ -377,7 +377,6 @@ def lora_scales(value: Any, n_adapters: int, name: str = "lora") -> tuple[float,
 
 # OpenAI's reasoning efforts as reasoning budgets (tokens of the reasoning section, its closing
 # marker included): a local model has no effort setting, so an effort caps how long it thinks
-EFFORT_BUDGETS = {"none": 0, "minimal": 128, "low": 512, "medium": 2048, "high": 8192}
 
 
 def effort_budget(value: Any, name: str) -> int | None:

@@ -46,6 +46,7 @@ def chat(
     stop: o.Stop = None,
     raw: o.Raw = False,
     reasoning_budget: o.ReasoningBudget = None,
+    think: o.Think = None,
     on_overflow: o.OnOverflow = "drop",
     no_log: o.NoLog = False,
     no_cache: o.NoCache = False,
@@ -61,9 +62,10 @@ def chat(
     Example: tallow chat smollm2:135m --system "Answer briefly."
     """
     remote = server.servers(offline)
+    given_budget, reasoning_budget = reasoning_budget is not None or think is not None, o.thinking(think, reasoning_budget)
     if remote:
         o.refuse_local({**load.given(), **files.given(), **drafting.given(), "--no-cache": no_cache,
-                        "--on-overflow": on_overflow != "drop", "--reasoning-budget": reasoning_budget is not None})
+                        "--on-overflow": on_overflow != "drop", "--reasoning-budget": given_budget})
     grammar, schema = shape.structured()
     chat_settings = ChatSettings(replace(presets.sampling_base(), **sampling_flags), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, drafting.method(),

@@ -83,6 +83,7 @@ def run(
     video: o.Video = None,
     video_fps: o.VideoFps = 1.0,
     reasoning_budget: o.ReasoningBudget = None,
+    think: o.Think = None,
     offline: o.Offline = False,
     as_json: o.Json = False,
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, help="With --json: each token's log-probability and its N most likely alternatives (as the API's logprobs).", show_default=False),
@@ -100,7 +101,8 @@ def run(
     """
     remote = server.servers(offline)
     _check(remote, {**load.given(), **files.given(), **drafting.given()}, tools, n, (image, audio, video),
-           reasoning_budget, no_cache, logprobs, as_json)
+           reasoning_budget if think is None else think, no_cache, logprobs, as_json)
+    reasoning_budget = o.thinking(think, reasoning_budget)
     spec, (grammar, schema) = tools.spec(), shape.structured()
     history = open_history(not past.no_log)
     conversation_id, earlier, system = _continued(history, past.continue_, past.cid, system)
