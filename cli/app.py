@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
     "cache": ("cache_cmds", "cache_app", "The prompt cache on disk: KV states of prompt prefixes.", False),
     "keys": ("keys_cmds", "keys_app", "API keys for serve --auth keys: make, list, revoke.", False),
     "usage": ("keys_cmds", "usage", "Show what each key used, metered by serve --auth keys.", False),
+    "mcp": ("mcp_cmds", "mcp_app", "MCP servers' tools, for run --mcp.", False),
 }
 
 

@@ -186,7 +186,7 @@ def _local_rows(models: list[str], n_prompt: str, n_gen: str, parallel: str | No
 
 
 def _remote(models, endpoint, n_prompt, n_gen, parallel, slo, test: LoadTest, output: str, report: Report) -> None:
-    from tallow.cli.commands.bench_remote import bench_remote, read_prompts
+    from tallow.cli.bench_remote import bench_remote, read_prompts
     from tallow.client import loadgen
     from tallow.runtime.bench import SLO
 

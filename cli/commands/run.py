@@ -26,6 +26,7 @@ from tallow.cli.flag_groups import (
     ShowFlags,
     with_groups,
 )
+from tallow.cli.mcp_tools import McpFlags, answer_with_mcp
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, stats_line, stderr_is_terminal
 from tallow.common.errors import TallowError
@@ -69,7 +70,7 @@ class HistoryFlags(FlagGroup):
 @presets.with_preset
 @with_sampling_flags
 @with_groups(load=LoadFlags, files=ModelFiles, drafting=DraftFlags, show=ShowFlags, tools=ToolFlags, past=HistoryFlags,
-             shape=FormatFlags, server=EndpointFlags)
+             shape=FormatFlags, server=EndpointFlags, mcp=McpFlags)
 def run(
     model: o.Model,
     prompt: str = typer.Argument(None, help="The prompt. Piped stdin is read and put before it. "
@@ -90,7 +91,7 @@ def run(
     no_cache: o.NoCache = False,
     n: int = typer.Option(1, "--n", min=1, max=16, help="Give N answers, each sampled with its own seed (--seed, then the next ones), from one evaluation of the prompt."),
     *, sampling_flags: dict, load: LoadFlags, files: ModelFiles, drafting: DraftFlags, show: ShowFlags, tools: ToolFlags,
-    past: HistoryFlags, shape: FormatFlags, server: EndpointFlags,
+    past: HistoryFlags, shape: FormatFlags, server: EndpointFlags, mcp: McpFlags,
 ) -> None:
     """Run a model on one prompt and stream the answer.
 
@@ -100,15 +101,16 @@ def run(
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
     remote = server.servers(offline)
-    _check(remote, {**load.given(), **files.given(), **drafting.given()}, tools, n, (image, audio, video),
+    _check(remote, {**load.given(), **files.given(), **drafting.given(), **mcp.given()}, tools, n, (image, audio, video),
            reasoning_budget if think is None else think, no_cache, logprobs, as_json)
+    _check_mcp(mcp, tools, n, prompt)
     reasoning_budget = o.thinking(think, reasoning_budget)
     spec, (grammar, schema) = tools.spec(), shape.structured()
     history = open_history(not past.no_log)
     conversation_id, earlier, system = _continued(history, past.continue_, past.cid, system)
     ask = Ask(model, system, max_tokens, tuple(stop or ()), raw, reasoning_budget, offline or settings.offline(),
               as_json, logprobs, no_cache, n, replace(presets.sampling_base(), **sampling_flags), spec, grammar, schema,
-              shape.grammar is None and grammar is not None)
+              shape.grammar is None and grammar is not None, mcp if mcp.mcp is not None else None)
     media = o.read_media(image, audio, video, video_fps)
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json and ask.tools is None
     text, document = _prompt_text(prompt, interactive, media, (image, audio, video), n)
@@ -149,6 +151,7 @@ class Ask(NamedTuple):
     grammar: str | None
     schema: Any
     json_answer: bool = False  # --format or --json-schema: the answer is checked to be JSON (its schema's)
+    mcp: Any = None  # McpFlags: tools from MCP servers, run as the model calls them
 
 
 def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, media: tuple, reasoning_budget, no_cache: bool,
@@ -165,6 +168,17 @@ def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, media: tupl
     if n > 1 and tools.tools_file is not None:
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
+
+
+def _check_mcp(mcp: McpFlags, tools: ToolFlags, n: int, prompt: str | None) -> None:
+    mcp.check()
+    if mcp.mcp is None:
+        return
+    clash = "--tools" if tools.tools_file is not None else "--n" if n > 1 else None
+    if clash:
+        raise typer.BadParameter(f"--mcp runs the tools it offers; it does not go with {clash}", param_hint="--mcp")
+    if prompt is None:
+        raise typer.BadParameter("--mcp needs a PROMPT (a chat with MCP tools is not offered yet)", param_hint="--mcp")
 
 
 def _prompt_text(prompt: str | None, interactive: bool, media: list, given: tuple, n: int):
@@ -208,6 +222,10 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
     head = ([{"role": "system", "content": ask.system}] if ask.system else []) + earlier
     messages = head + [{"role": "user", "content": with_markers(text, media), "media": media}
                        if media else {"role": "user", "content": text}]
+    if ask.mcp is not None:
+        return answer_with_mcp(engine, messages, ask.mcp, ask.offline, name, conversation_id, ask.as_json,
+                               show.stats_line(ask.as_json), max_tokens=ask.max_tokens, stop=ask.stop,
+                               sampling=ask.sampling, raw=ask.raw, reasoning_budget=ask.reasoning_budget)
     # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
     prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])
     request = engine.request(messages, raw=ask.raw, max_tokens=ask.max_tokens, stop=ask.stop, sampling=ask.sampling,

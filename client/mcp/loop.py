@@ -1,0 +1,98 @@
+"""The tool loop: the model is offered the MCP servers' tools; each call it makes is shown,
+approved (or not) by the caller, run, and its result given back, until the model answers in
+text or the step limit is reached (then it is asked once more with no tools, to answer from
+what it has)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tallow.client.mcp.hub import McpHub
+from tallow.runtime.answer import Answer
+from tallow.runtime.tools.choice import Tool, ToolChoice
+from tallow.runtime.types import FinalEvent
+
+MAX_STEPS = 8
+
+
+@dataclass
+class Step:
+    """One call the model made: its tool, arguments, and what came back (or why not)."""
+
+    tool: str
+    arguments: dict[str, Any]
+    result: str = ""
+    error: bool = False
+    allowed: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "arguments": self.arguments, "allowed": self.allowed, "error": self.error,
+                "result": self.result}
+
+
+@dataclass
+class Outcome:
+    final: FinalEvent
+    text: str
+    steps: list[Step] = field(default_factory=list)
+    cut: bool = False  # the step limit was reached
+
+
+def offered(hub: McpHub, fmt: str) -> ToolChoice:
+    """The servers' tools as a request's tool choice (auto: the model decides)."""
+    tools = tuple(Tool(t.qualified, t.description, t.schema) for t in hub.tools)
+    return ToolChoice(tools, "auto" if tools else "none", None, True, fmt)
+
+
+def run_tools(engine, messages: list[dict[str, Any]], hub: McpHub, approve: Callable[[str, dict], bool],
+              shown: Callable[[Step], None], max_steps: int = MAX_STEPS, **request: Any) -> Outcome:
+    """Ask, run the calls the answer makes, and ask again, until the answer is text."""
+    choice, steps = offered(hub, engine.tool_format()), list[Step]()
+    messages = list(messages)
+    room = (engine.n_ctx or 4096) // 4  # tokens: a result takes at most a quarter of the context
+    for round_ in range(max_steps + 1):
+        last = round_ == max_steps
+        now = ToolChoice(choice.tools, "none", None, True, choice.format) if last else choice
+        final = _final(engine, engine.request(messages, tools=now, **request))
+        answer = Answer(now).whole(final)
+        if not answer.calls:
+            return Outcome(final, answer.content, steps, cut=last and round_ > 0)
+        calls = [{"id": cid, "name": name, "arguments": args} for cid, name, args in answer.calls]
+        messages.append({"role": "assistant", "content": answer.content, "tool_calls": calls})
+        for cid, name, args in answer.calls:
+            step = _step(hub, name, json.loads(args), approve, lambda text: _fitted(engine, text, room))
+            steps.append(step)
+            shown(step)
+            messages.append({"role": "tool", "tool_call_id": cid, "name": name, "content": step.result})
+    raise AssertionError("the last round offers no tools")  # pragma: no cover - it returns above
+
+
+def _step(hub: McpHub, name: str, arguments: dict[str, Any], approve: Callable[[str, dict], bool],
+          fit: Callable[[str], str]) -> Step:
+    if not approve(name, arguments):
+        return Step(name, arguments, "the user did not allow this call", True, allowed=False)
+    text, error = hub.call(name, arguments)
+    return Step(name, arguments, fit(text), error)
+
+
+def _fitted(engine, text: str, room: int) -> str:
+    """A result cut to at most `room` tokens of the model's, saying how much was cut."""
+    count = len(engine.model.tokenize(text, add_special=False, parse_special=False))
+    if count <= room:
+        return text
+    keep = len(text)
+    while count > room and keep > 0:  # shrink in proportion until it fits (twice, as a rule)
+        keep = keep * room // count * 9 // 10
+        count = len(engine.model.tokenize(text[:keep], add_special=False, parse_special=False))
+    return text[:keep] + f"\n[... {len(text) - keep:,} more characters cut, to fit the context]"
+
+
+def _final(engine, request) -> FinalEvent:
+    final = None
+    for event in engine.stream(request):
+        if isinstance(event, FinalEvent):
+            final = event
+    assert final is not None  # a stream always ends with its final record
+    return final

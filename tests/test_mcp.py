@@ -1,0 +1,152 @@
+"""MCP servers' tools in tallow run (--mcp): real servers written with the official SDK
+(tests/helpers/mcp_servers.py), a model that calls a tool and then answers from its result.
+
+The model is synthetic: its script writes one call to notes_read_note and, once the prompt
+ends after a tool result (the template adds '~' there), answers "OK". What the run prints
+shows the call was made with the model's arguments, run by the server and its result given
+back; the misbehaving servers show what a user sees when one hangs, dies or floods.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.processes import run_tallow
+from helpers.synth import HERMES, write_synthetic_gguf
+
+pytest.importorskip("mcp")
+SERVER = Path(__file__).parent / "helpers" / "mcp_servers.py"
+CALL = '{"name": "notes_read_note", "arguments": {"name": "groceries"}}'
+LOOP = HERMES.replace("{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                      "{% if messages[-1]['role'] == 'tool' %}{{ '~' }}{% endif %}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    assert LOOP != HERMES
+    return write_synthetic_gguf(tmp_path_factory.mktemp("mcp") / "caller.gguf", template=LOOP,
+                                script={"\n": "<tool_call>", "<tool_call>": CALL, CALL: "</tool_call>",
+                                        "</tool_call>": "<|im_end|>", "~": "O", "O": "K", "K": "<|im_end|>"},
+                                extra_tokens=("<tool_call>", "</tool_call>", CALL))
+
+
+def config(tmp_path: Path, mode: str = "", **more) -> Path:
+    servers = {"notes": {"command": sys.executable, "args": [str(SERVER)], "env": {"NOTES_MODE": mode}}, **more}
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+def ask(model: Path, tmp_path: Path, *flags: str, cfg: Path | None = None):
+    out = run_tallow(["run", str(model), "What do my groceries need?", "--mcp", str(cfg or config(tmp_path)),
+                      "--temperature", "0", "--max-tokens", "32", "--json", "--no-log", *flags], home=tmp_path / "home")
+    return out.returncode, out.stdout.decode(), out.stderr.decode()
+
+
+def test_a_call_is_run_and_its_result_given_back(model, tmp_path):
+    code, out, err = ask(model, tmp_path, "--yes")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["text"] == "OK"  # answered after a tool result: the '~' the template adds only then
+    assert data["steps"] == [{"tool": "notes_read_note", "arguments": {"name": "groceries"}, "allowed": True,
+                              "error": False, "result": "the note groceries says: buy oat milk"}]
+    assert "tool: notes_read_note" in err and "buy oat milk" in err
+
+
+def test_without_a_terminal_a_call_not_allowed_is_denied_and_the_model_told(model, tmp_path):
+    code, out, err = ask(model, tmp_path)
+    assert code == 0, err
+    step = json.loads(out)["steps"][0]
+    assert (step["allowed"], step["result"]) == (False, "the user did not allow this call")
+    assert "--allow-tool notes_read_note" in err
+    code, out, _ = ask(model, tmp_path, "--allow-tool", "notes_read_note")
+    assert json.loads(out)["steps"][0]["allowed"] is True
+
+
+@pytest.mark.parametrize("mode, result", [
+    ("slow", "the tool notes_read_note did not answer within 2 s"),
+    ("fail", "no note is called groceries"),
+    ("crash", "the tool notes_read_note failed"),
+])
+def test_a_server_that_hangs_fails_or_dies_is_one_result_and_the_run_goes_on(model, tmp_path, mode, result):
+    code, out, err = ask(model, tmp_path, "--yes", "--tool-timeout", "2", cfg=config(tmp_path, mode))
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["text"] == "OK" and data["steps"][0]["error"] is True and result in data["steps"][0]["result"]
+    assert "Traceback" not in err
+
+
+def test_a_huge_result_is_cut_and_says_so(model, tmp_path):
+    code, out, err = ask(model, tmp_path, "--yes", cfg=config(tmp_path, "huge"))
+    assert code == 0, err
+    text = json.loads(out)["steps"][0]["result"]
+    assert len(text) < 70_000 and "more characters cut" in text
+
+
+def test_a_server_that_does_not_start_is_left_out_in_one_line(model, tmp_path):
+    cfg = config(tmp_path, broken={"command": "/nonexistent/mcp-server"})
+    code, out, err = ask(model, tmp_path, "--yes", cfg=cfg)
+    assert code == 0, err
+    assert "note: the MCP server broken is left out: [Errno 2] No such file or directory" in err
+    assert json.loads(out)["steps"][0]["result"].startswith("the note groceries")
+
+
+def test_bad_configurations_and_flags_are_refused_by_name(model, tmp_path):
+    bad = tmp_path / "bad.json"
+    for text, message in (("{}", "has no mcpServers"), ('{"mcpServers": {"x": {"type": "sse", "url": "http://h"}}}',
+                                                        "the type 'sse' is not supported"),
+                          ('{"mcpServers": {"a b": {"command": "x"}}}', "is not 1 to 40 letters")):
+        bad.write_text(text)
+        code, _, err = ask(model, tmp_path, cfg=bad)
+        assert code == 1 and message in err, err
+    out = run_tallow(["run", str(model), "hi", "--yes"], home=tmp_path / "home")
+    assert out.returncode == 2 and "--yes and --allow-tool go with --mcp" in out.stderr.decode()
+
+
+def _http_server(tmp_path: Path):
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}/mcp"
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail("the HTTP MCP server did not start")
+
+
+def test_mcp_ls_lists_stdio_and_http_servers_tools(tmp_path):
+    proc, url = _http_server(tmp_path)
+    try:
+        cfg = config(tmp_path, web={"url": url}, broken={"command": "/nonexistent/mcp-server"})
+        out = run_tallow(["mcp", "ls", str(cfg), "--json"], home=tmp_path / "home")
+        assert out.returncode == 0, out.stderr.decode()
+        data = json.loads(out.stdout)
+        names = {t["name"] for t in data["tools"]}
+        assert {"notes_read_note", "notes_list_notes", "web_read_note", "web_list_notes"} <= names
+        assert data["servers"] == {"notes": True, "web": True, "broken": False}
+        shown = run_tallow(["mcp", "ls", str(cfg)], home=tmp_path / "home")
+        assert "web_read_note" in shown.stdout.decode() and "4 tools from 2 of 3 servers" in shown.stderr.decode()
+        offline = run_tallow(["mcp", "ls", str(config(tmp_path, web={"url": url})), "--offline", "--json"],
+                             home=tmp_path / "home")
+        assert json.loads(offline.stdout)["failed"] == {"web": "offline: an HTTP server is not contacted"}
+    finally:
+        proc.kill()
+        proc.wait()
+    alone = tmp_path / "alone.json"
+    alone.write_text(json.dumps({"mcpServers": {"broken": {"command": "/nonexistent/mcp-server"}}}))
+    out = run_tallow(["mcp", "ls", str(alone)], home=tmp_path / "home")
+    assert out.returncode == 1 and "the MCP server broken is left out" in out.stderr.decode()
