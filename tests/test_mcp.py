@@ -150,3 +150,22 @@ def test_mcp_ls_lists_stdio_and_http_servers_tools(tmp_path):
     alone.write_text(json.dumps({"mcpServers": {"broken": {"command": "/nonexistent/mcp-server"}}}))
     out = run_tallow(["mcp", "ls", str(alone)], home=tmp_path / "home")
     assert out.returncode == 1 and "the MCP server broken is left out" in out.stderr.decode()
+
+
+@pytest.mark.parametrize("reply, allowed", [("n", False), ("a", True)])
+def test_on_a_terminal_each_call_is_asked_for(model, tmp_path, reply, allowed):
+    import os
+
+    from helpers.terminal import Terminal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
+    env.update(TALLOW_HOME=str(tmp_path / "home"), NO_COLOR="1", TERM="xterm")
+    term = Terminal(["run", str(model), "What do my groceries need?", "--mcp", str(config(tmp_path)), "--temperature",
+                     "0", "--max-tokens", "32", "--json", "--no-log"], env)
+    term.read_until(r'tool: notes_read_note \{"name": "groceries"\}')
+    term.read_until(r"allow\? \[y\]es once, \[a\]lways for this tool, \[n\]o: ")
+    term.send(reply + "\r")
+    shown = term.read_until(r'"steps": \[.*\]\}')
+    step = json.loads(shown[shown.index('{"model"'):])["steps"][0]
+    assert step["allowed"] is allowed
+    assert (step["result"] == "the user did not allow this call") is not allowed
