@@ -169,3 +169,38 @@ def test_on_a_terminal_each_call_is_asked_for(model, tmp_path, reply, allowed):
     step = json.loads(shown[shown.index('{"model"'):])["steps"][0]
     assert step["allowed"] is allowed
     assert (step["result"] == "the user did not allow this call") is not allowed
+
+
+def test_tallow_mcp_serve_answers_the_sdks_client(default_home, minilm_model, tmp_path):
+    # tallow as an MCP server on stdio, driven by the official SDK's client as an agent would:
+    # its tools listed, generate answering as tallow run does, search over an embed index
+    import asyncio
+    import os
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    index = tmp_path / "notes.sqlite"
+    notes = "Buy oat milk and bread.\nThe boiler needs a service in March.\nCall the dentist on Monday.\n"
+    made = run_tallow(["embed", "all-minilm:l6-v2", "--index", str(index)], home=default_home, input=notes.encode())
+    assert made.returncode == 0, made.stderr.decode()
+    ran = run_tallow(["run", "smollm2:135m", "Say hello.", "--temperature", "0", "-n", "8", "--json", "--no-log"],
+                     home=default_home)
+    expected = json.loads(ran.stdout)["text"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")} | {"TALLOW_HOME": str(default_home)}
+    params = StdioServerParameters(command=sys.executable, env=env,
+                                   args=["-m", "tallow.cli", "mcp", "serve", "smollm2:135m", "--index", str(index)])
+
+    async def session():
+        async with Client(params, read_timeout_seconds=300) as client:
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            said = await client.call_tool("generate", {"prompt": "Say hello.", "max_tokens": 8, "temperature": 0})
+            found = await client.call_tool("search", {"query": "heating repair", "top": 1})
+            bad = await client.call_tool("generate", {"prompt": "hi", "max_tokens": 0})
+            return names, said, found, bad
+
+    names, said, found, bad = asyncio.run(session())
+    assert names == ["generate", "search"]
+    assert not said.is_error and said.content[0].text == expected
+    assert not found.is_error and "boiler" in json.dumps(found.structured_content)
+    assert bad.is_error and "max_tokens is 1 to 32768" in bad.content[0].text

@@ -149,6 +149,19 @@ def search(
 
     Example: tallow search notes.sqlite "how do I reset my password" -n 5
     """
+    hits = nearest(index, query, n, threads, offline, api_key)
+    if json_out:
+        typer.echo(json.dumps([{"id": h.id, "score": round(h.score, 6), "text": h.text} for h in hits], ensure_ascii=False))
+        return
+    con = out_console()
+    for h in hits:
+        con.print(f"{h.score:.4f}  {h.text}", soft_wrap=True, markup=False, highlight=False)
+
+
+def nearest(index: Path, query: str, n: int, threads: int | None = None, offline: bool = False,
+            api_key: str | None = None) -> list:
+    """The `n` stored texts of an index nearest to `query`, embedded by the model (or server)
+    that made the index (search, and tallow mcp serve's search tool)."""
     from tallow.cli.models import open_embedder
     from tallow.jobs.vector_index import VectorIndex
     from tallow.runtime.embedding.embed import Shaping
@@ -172,15 +185,9 @@ def search(
             vec = next(embedder.vectors([toks], Shaping(normalize=True, dimensions=dims if dims < embedder.width else None)))
         finally:
             embedder.close()
-        hits = vi.search(vec, n)
+        return vi.search(vec, n)
     finally:
         vi.close()
-    if json_out:
-        typer.echo(json.dumps([{"id": h.id, "score": round(h.score, 6), "text": h.text} for h in hits], ensure_ascii=False))
-        return
-    con = out_console()
-    for h in hits:
-        con.print(f"{h.score:.4f}  {h.text}", soft_wrap=True, markup=False, highlight=False)
 
 
 def tokenize(

@@ -54,4 +54,35 @@ def ls(
         raise typer.Exit(1)
 
 
+def serve(
+    model: o.Model,
+    index: Path = typer.Option(None, "--index", help="Offer a search tool over this index (made by tallow embed --index).",
+                               show_default=False),
+    threads: o.Threads = None,
+    offline: o.Offline = False,
+) -> None:
+    """Serve a local model to other agents as MCP tools, on stdio.
+
+    The tools: generate (an answer from MODEL) and, with --index, search. Point an MCP client
+    at it: {"command": "tallow", "args": ["mcp", "serve", "MODEL"]}.
+
+    Example: tallow mcp serve smollm2:135m --index notes.sqlite
+    """
+    from tallow.cli.mcp_server import Served, build
+    from tallow.common.errors import TallowError
+
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise TallowError("tallow mcp serve needs the mcp extra", 'pip install "tallow[mcp]"') from None
+    if index is not None and not index.is_file():
+        raise typer.BadParameter(f"{index} is not an index file", param_hint="--index")
+    served = Served(model, threads, offline)
+    try:
+        build(served, index).run("stdio")
+    finally:
+        served.close()
+
+
 mcp_app.command("ls")(guarded(ls))
+mcp_app.command("serve")(guarded(serve))
