@@ -104,3 +104,45 @@ def answer_with_mcp(engine, messages: list[dict], flags: McpFlags, offline: bool
     if show_stats:
         err_console().print(stats_line(done.final), style="dim", soft_wrap=True)
     return done.final
+
+
+class ChatTools:
+    """--mcp in a chat: the servers, the approval of each call on the terminal, and a turn
+    answered through the tool loop (shown whole when it is done, not token by token)."""
+
+    def __init__(self, flags: McpFlags, offline: bool) -> None:
+        self.flags, self.hub, self.approve = flags, open_hub(flags, offline), Approver(flags)
+
+    def listing(self) -> str:
+        """/tools: what the model is offered."""
+        if not self.hub.tools:
+            return "no tools: no MCP server started"
+        return "\n".join(f"{t.qualified}  {t.description.splitlines()[0] if t.description else ''}" for t in self.hub.tools)
+
+    def turn(self, conv, text: str, show_stats: bool):
+        from tallow.cli.errors import report
+        from tallow.cli.render import stats_line
+        from tallow.client.mcp.loop import run_tools
+
+        s = conv.settings
+
+        def answer(messages):
+            done = run_tools(conv.engine, messages, self.hub, self.approve, shown, self.flags.max_steps,
+                             max_tokens=s.max_tokens, stop=s.stop, sampling=s.sampling, raw=s.raw,
+                             reasoning_budget=s.reasoning_budget)
+            return done.final, done.text
+
+        try:
+            final = conv.ask_with(text, answer)
+        except Exception as exc:  # noqa: BLE001 - a failed turn must not end the chat
+            report(exc)
+            return None
+        said = conv.messages[-1]["content"]
+        sys.stdout.write(said + ("" if said.endswith("\n") else "\n"))
+        sys.stdout.flush()
+        if show_stats:
+            err_console().print(stats_line(final), style="dim", soft_wrap=True)
+        return final
+
+    def close(self) -> None:
+        self.hub.close()

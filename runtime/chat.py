@@ -155,8 +155,22 @@ class Conversation:
         if final.finish_reason != "interrupted":  # after the answer: saving never delays one
             self.engine.save_prompt(request)  # the system prompt, if it is not on disk yet
 
-    def _record(self, user: dict[str, Any], final: FinalEvent) -> None:
-        answer: dict[str, Any] = {"role": "assistant", "content": final.text}
+    def ask_with(self, text: str, answer: Callable[[list[dict[str, Any]]], tuple[FinalEvent, str]]) -> FinalEvent:
+        """One turn answered by `answer` (the conversation so far and the new message -> the
+        final record and the answer's text) instead of one generation: a tool loop (run --mcp's
+        client/mcp/loop.py) that asks the engine several times and keeps only the answer."""
+        user: dict[str, Any] = {"role": "user", "content": text}
+        if self.pending:
+            from tallow.runtime.media import with_markers
+
+            user = {"role": "user", "content": with_markers(text, self.pending), "media": self.pending}
+        self.pending = []
+        final, said = answer(self._all([user]))
+        self._record(user, final, said)
+        return final
+
+    def _record(self, user: dict[str, Any], final: FinalEvent, text: str | None = None) -> None:
+        answer: dict[str, Any] = {"role": "assistant", "content": final.text if text is None else text}
         if final.reasoning:
             # Templates that want reasoning back read `reasoning_content`; the rest ignore it.
             answer["reasoning_content"] = final.reasoning

@@ -204,3 +204,14 @@ def test_tallow_mcp_serve_answers_the_sdks_client(default_home, minilm_model, tm
     assert not said.is_error and said.content[0].text == expected
     assert not found.is_error and "boiler" in json.dumps(found.structured_content)
     assert bad.is_error and "max_tokens is 1 to 32768" in bad.content[0].text
+
+
+def test_chat_offers_the_tools_turn_after_turn(model, tmp_path):
+    script = b"/tools\nWhat do my groceries need?\nAnd now?\n/bye\n"
+    out = run_tallow(["chat", str(model), "--mcp", str(config(tmp_path)), "--yes", "--temperature", "0",
+                      "--max-tokens", "32", "--no-log"], home=tmp_path / "home", input=script)
+    assert out.returncode == 0, out.stderr.decode()
+    err = out.stderr.decode()
+    assert "notes_read_note  Read one of the user's notes by its name." in err and "notes_list_notes" in err
+    assert err.count("tool: notes_read_note") == 2 and "buy oat milk" in err  # a call each turn, run and shown
+    assert out.stdout.decode().count("OK") == 2

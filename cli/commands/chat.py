@@ -11,6 +11,7 @@ from tallow.cli import presets
 from tallow.cli.commands.history_cmds import log_turn, open_history
 from tallow.cli.field_flags import with_sampling_flags
 from tallow.cli.flag_groups import DraftFlags, EndpointFlags, FormatFlags, LoadFlags, ModelFiles, ShowFlags, with_groups
+from tallow.cli.mcp_tools import ChatTools, McpFlags
 from tallow.cli.models import open_engine
 from tallow.cli.render import err_console, out_console, stats_line
 from tallow.common.errors import TallowError
@@ -27,6 +28,7 @@ HELP = """commands:
   /image PATH           show the model this image with the next message (needs a projector)
   /audio PATH           let the model hear this audio file with the next message (an audio projector)
   /video PATH [FPS]     show the model this video's frames (FPS a second, 1 if not given) with the next message
+  /tools                the MCP servers' tools the model is offered (chat --mcp CONFIG)
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
   /bye                  leave (or Ctrl-D)
@@ -38,7 +40,8 @@ _SAVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @presets.with_preset
 @with_sampling_flags
-@with_groups(load=LoadFlags, files=ModelFiles, drafting=DraftFlags, show=ShowFlags, shape=FormatFlags, server=EndpointFlags)
+@with_groups(load=LoadFlags, files=ModelFiles, drafting=DraftFlags, show=ShowFlags, shape=FormatFlags, server=EndpointFlags,
+             mcp=McpFlags)
 def chat(
     model: o.Model,
     system: o.System = None,
@@ -52,7 +55,7 @@ def chat(
     no_cache: o.NoCache = False,
     offline: o.Offline = False,
     *, sampling_flags: dict, load: LoadFlags, files: ModelFiles, drafting: DraftFlags, show: ShowFlags, shape: FormatFlags,
-    server: EndpointFlags,
+    server: EndpointFlags, mcp: McpFlags,
 ) -> None:
     """Chat with a model, reusing the cache turn after turn.
 
@@ -62,9 +65,10 @@ def chat(
     Example: tallow chat smollm2:135m --system "Answer briefly."
     """
     remote = server.servers(offline)
+    mcp.check()
     given_budget, reasoning_budget = reasoning_budget is not None or think is not None, o.thinking(think, reasoning_budget)
     if remote:
-        o.refuse_local({**load.given(), **files.given(), **drafting.given(), "--no-cache": no_cache,
+        o.refuse_local({**load.given(), **files.given(), **drafting.given(), **mcp.given(), "--no-cache": no_cache,
                         "--on-overflow": on_overflow != "drop", "--reasoning-budget": given_budget})
     grammar, schema = shape.structured()
     chat_settings = ChatSettings(replace(presets.sampling_base(), **sampling_flags), max_tokens,
@@ -73,13 +77,18 @@ def chat(
     offline = offline or settings.offline()
     local = None if remote else drafting.loaded(o.with_draft(load.settings(files), drafting.draft), offline, model)
     name, engine = open_engine(model, remote, local, offline, not no_cache, shape.format_, schema)
-    with engine:
-        repl(Conversation(engine, chat_settings, system), name, show.hide_thinking, open_history(not no_log),
-             show_stats=show.stats_line())
+    tools = ChatTools(mcp, offline) if mcp.mcp is not None else None
+    try:
+        with engine:
+            repl(Conversation(engine, chat_settings, system), name, show.hide_thinking, open_history(not no_log),
+                 show_stats=show.stats_line(), tools=tools)
+    finally:
+        if tools is not None:
+            tools.close()
 
 
 def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None,
-         show_stats: bool = True) -> None:
+         show_stats: bool = True, tools: ChatTools | None = None) -> None:
     import readline  # noqa: F401 - gives input() line editing and arrow-key history
 
     from tallow.runtime.history import History
@@ -99,13 +108,13 @@ def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str |
         if not text.strip():
             continue
         if text.startswith("/"):
-            result = _command(conv, name, text.strip())
+            result = _command(conv, name, text.strip(), tools)
             if result == "bye":
                 return
             if result == "clear":
                 cid = History.new_conversation_id()
             continue
-        final = _answer(conv, text, hide_thinking, show_stats)
+        final = tools.turn(conv, text, show_stats) if tools is not None else _answer(conv, text, hide_thinking, show_stats)
         if final is not None:
             log_turn(history, cid, name, conv.system, text, final)
 
@@ -221,7 +230,7 @@ def _show(out, text: str, reasoning: str, hide_thinking: bool) -> None:
         sys.stdout.flush()
 
 
-def _command(conv: Conversation, name: str, line: str) -> str | None:
+def _command(conv: Conversation, name: str, line: str, tools: ChatTools | None = None) -> str | None:
     cmd, _, arg = line.partition(" ")
     arg = arg.strip()
     say = err_console().print
@@ -253,6 +262,9 @@ def _command(conv: Conversation, name: str, line: str) -> str | None:
                else f"context: held by the server at {conv.engine.served_at}"), markup=False, soft_wrap=True)
     elif cmd in ("/image", "/audio", "/video"):
         _attach(conv, arg, say, cmd[1:])
+    elif cmd == "/tools":
+        say(tools.listing() if tools is not None else "no tools: start the chat with --mcp CONFIG", markup=False,
+            soft_wrap=True)
     elif cmd == "/stats":
         st = conv.summary()
         shown = {k: "not reported" if st[k] is None else st[k] for k in ("prompt_tokens", "cached_tokens")}

@@ -178,7 +178,8 @@ def _check_mcp(mcp: McpFlags, tools: ToolFlags, n: int, prompt: str | None) -> N
     if clash:
         raise typer.BadParameter(f"--mcp runs the tools it offers; it does not go with {clash}", param_hint="--mcp")
     if prompt is None:
-        raise typer.BadParameter("--mcp needs a PROMPT (a chat with MCP tools is not offered yet)", param_hint="--mcp")
+        raise typer.BadParameter("--mcp needs a PROMPT here; for a chat with MCP tools: tallow chat MODEL --mcp CONFIG",
+                                 param_hint="--mcp")
 
 
 def _prompt_text(prompt: str | None, interactive: bool, media: list, given: tuple, n: int):
