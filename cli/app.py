@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
     "keys": ("keys_cmds", "keys_app", "API keys for serve --auth keys: make, list, revoke.", False),
     "usage": ("keys_cmds", "usage", "Show what each key used, metered by serve --auth keys.", False),
     "mcp": ("mcp_cmds", "mcp_app", "MCP servers' tools, for run --mcp.", False),
+    "launch": ("agents.launch", "launch", "Point a coding agent at tallow and run it.", False),
 }
 
 
