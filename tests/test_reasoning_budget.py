@@ -89,6 +89,9 @@ def test_think_as_ollama_says_it_on_the_command_line_and_in_chat(home):
     for bad in (["--think", "maybe"], ["--think", "off", "--reasoning-budget", "3"]):
         r = run_tallow(["run", "thinker", "go", *bad], home=home)
         assert r.returncode == 2 and "--think" in r.stderr.decode()
+    for command in (["run", "m", "hi"], ["chat", "m"]):  # a server decides its own: refused by the flag's name
+        r = run_tallow([*command, "--endpoint", "http://127.0.0.1:9/v1", "--think", "low"], home=home)
+        assert r.returncode == 2 and "--think sets the local engine" in r.stderr.decode()
     chat = run_tallow(["chat", "thinker", "-n", "60", "--no-cache", "--stats"], home=home,
                       input=b"/set think maybe\n/set think off\ngo\n")
     assert chat.returncode == 0, chat.stderr

@@ -166,9 +166,13 @@ def test_an_answer_streams_renders_and_shows_what_it_cost(watched, server):
     watched.open()
     assert watched.page.locator("#model option").all_inner_texts() == ["hostile.gguf", "lookup.gguf", "loop.gguf", "md.gguf",
                                                                        "tool.gguf"]
+    # streaming: Stop replaces Send. A six-token answer may come and go between two looks, so
+    # the page itself notes whether Stop was ever shown.
+    watched.page.evaluate("""() => { const stop = document.querySelector('#stop'); window.stopShown = false;
+        new MutationObserver(() => { if (!stop.hidden) window.stopShown = true; }).observe(stop, {attributes: true}); }""")
     watched.send("Say hello", "md.gguf")
-    watched.page.locator("#stop").wait_for(state="visible")  # streaming: Stop replaces Send
     usage, line = watched.stats(0)
+    assert watched.page.evaluate("window.stopShown") is True
     answer = watched.answered(0)
     assert answer.locator(".body strong").inner_text() == "world"
     watched.context.grant_permissions(["clipboard-read", "clipboard-write"])

@@ -66,10 +66,11 @@ def chat(
     """
     remote = server.servers(offline)
     mcp.check()
-    given_budget, reasoning_budget = reasoning_budget is not None or think is not None, o.thinking(think, reasoning_budget)
+    budget_flags = {"--reasoning-budget": reasoning_budget is not None, "--think": think is not None}
+    reasoning_budget = o.thinking(think, reasoning_budget)
     if remote:
         o.refuse_local({**load.given(), **files.given(), **drafting.given(), **mcp.given(), "--no-cache": no_cache,
-                        "--on-overflow": on_overflow != "drop", "--reasoning-budget": given_budget})
+                        "--on-overflow": on_overflow != "drop", **budget_flags})
     grammar, schema = shape.structured()
     chat_settings = ChatSettings(replace(presets.sampling_base(), **sampling_flags), max_tokens,
                                  o.parse_on_overflow(on_overflow), tuple(stop or ()), raw, drafting.method(),

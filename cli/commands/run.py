@@ -101,8 +101,9 @@ def run(
     Example: tallow run smollm2:135m "Why is the sky blue?"
     """
     remote = server.servers(offline)
-    _check(remote, {**load.given(), **files.given(), **drafting.given(), **mcp.given()}, tools, n, (image, audio, video),
-           reasoning_budget if think is None else think, no_cache, logprobs, as_json)
+    _check(remote, {**load.given(), **files.given(), **drafting.given(), **mcp.given(), "--think": think is not None,
+                    "--reasoning-budget": reasoning_budget is not None}, tools, n, (image, audio, video), no_cache,
+           logprobs, as_json)
     _check_mcp(mcp, tools, n, prompt)
     reasoning_budget = o.thinking(think, reasoning_budget)
     spec, (grammar, schema) = tools.spec(), shape.structured()
@@ -154,8 +155,8 @@ class Ask(NamedTuple):
     mcp: Any = None  # McpFlags: tools from MCP servers, run as the model calls them
 
 
-def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, media: tuple, reasoning_budget, no_cache: bool,
-           logprobs, as_json: bool) -> None:
+def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, media: tuple, no_cache: bool, logprobs,
+           as_json: bool) -> None:
     """The flags that cannot go together, refused by name before anything loads; `local`: the
     local engine's flags, and whether each was given."""
     if logprobs is not None and not as_json:
@@ -163,8 +164,7 @@ def _check(remote, local: dict[str, bool], tools: ToolFlags, n: int, media: tupl
     if remote:
         o.refuse_local({**local, "--no-cache": no_cache, "--tools": tools.tools_file is not None,
                         "--tool-format": tools.tool_format != "auto", "--image": bool(media[0]), "--audio": bool(media[1]),
-                        "--video": bool(media[2]), "--n": n > 1,
-                        "--reasoning-budget": reasoning_budget is not None})
+                        "--video": bool(media[2]), "--n": n > 1})
     if n > 1 and tools.tools_file is not None:
         raise typer.BadParameter("several answers with tools are not offered here; give n in a batch line or a request",
                                  param_hint="--n")
