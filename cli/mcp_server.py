@@ -21,14 +21,14 @@ class Served:
         self.lock = threading.Lock()
 
     def generate(self, prompt: str, system: str, max_tokens: int, temperature: float) -> str:
-        from tallow.runtime.types import FinalEvent, Sampling
+        from tallow.runtime.protocol import final_of
+        from tallow.runtime.types import Sampling
 
         with self.lock:
             engine = self._engine()
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             request = engine.request(messages, max_tokens=max_tokens, sampling=Sampling(temperature=temperature))
-            final = [e for e in engine.stream(request) if isinstance(e, FinalEvent)][0]
-            return final.text
+            return final_of(engine.stream(request)).text
 
     def _engine(self):
         if self.engine is None:

@@ -12,6 +12,19 @@ from tallow.runtime.types import FinalEvent, ProgressEvent, TokenEvent
 Events = Generator[TokenEvent | ProgressEvent | FinalEvent, None, None]  # Ctrl-C is thrown into it: it ends with a FinalEvent
 
 
+def final_of(events: Events) -> FinalEvent:
+    """A stream run to its end, for its final record alone (a whole answer, no tokens shown)."""
+    final = None
+    for event in events:
+        if isinstance(event, FinalEvent):
+            final = event
+    if final is None:
+        from tallow.runtime.errors import TallowError
+
+        raise TallowError("the engine ended without a final record")
+    return final
+
+
 class Generating(Protocol):
     n_ctx: int | None  # the context, where it is this side's (None: the server's)
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from tallow.client.mcp.hub import McpHub
 from tallow.runtime.answer import Answer
+from tallow.runtime.protocol import final_of
 from tallow.runtime.tools.choice import Tool, ToolChoice
 from tallow.runtime.types import FinalEvent
 
@@ -55,7 +56,7 @@ def run_tools(engine, messages: list[dict[str, Any]], hub: McpHub, approve: Call
     for round_ in range(max_steps + 1):
         last = round_ == max_steps
         now = ToolChoice(choice.tools, "none", None, True, choice.format) if last else choice
-        final = _final(engine, engine.request(messages, tools=now, **request))
+        final = final_of(engine.stream(engine.request(messages, tools=now, **request)))
         answer = Answer(now).whole(final)
         if not answer.calls:
             return Outcome(final, answer.content, steps, cut=last and round_ > 0)
@@ -87,12 +88,3 @@ def _fitted(engine, text: str, room: int) -> str:
         keep = keep * room // count * 9 // 10
         count = len(engine.model.tokenize(text[:keep], add_special=False, parse_special=False))
     return text[:keep] + f"\n[... {len(text) - keep:,} more characters cut, to fit the context]"
-
-
-def _final(engine, request) -> FinalEvent:
-    final = None
-    for event in engine.stream(request):
-        if isinstance(event, FinalEvent):
-            final = event
-    assert final is not None  # a stream always ends with its final record
-    return final

@@ -15,7 +15,8 @@ from typing import Any, Iterator
 
 from tallow.runtime.errors import TallowError
 from tallow.runtime.media import Media, with_markers
-from tallow.runtime.types import FinalEvent, Sampling
+from tallow.runtime.protocol import final_of
+from tallow.runtime.types import Sampling
 
 ASK = {"transcribe": "Transcribe the speech in this audio. Write only the words spoken, nothing else.",
        "translate": "Translate the speech in this audio into English. Write only the English, nothing else."}
@@ -68,6 +69,6 @@ class AudioModel:
         text, heat = instruction(task, language, prompt), heat_of(temperature)
         request = self.engine.request([{"role": "user", "content": with_markers(text, [clip]), "media": [clip]}],
                                       sampling=Sampling(temperature=heat), max_tokens=self.max_tokens)
-        final = [e for e in self.engine.stream(request) if isinstance(e, FinalEvent)][0]
+        final = final_of(self.engine.stream(request))
         answer, info = heard(final.text, len(samples) / RATE, heat)
         return answer, {**info, "language": language}
