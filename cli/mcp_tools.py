@@ -66,13 +66,12 @@ def shown(step) -> None:
                         soft_wrap=True, markup=False, style="dim")
 
 
-def open_hub(flags: McpFlags, offline: bool):
+def open_hub(config: Path, offline: bool, call_s: float = 60.0):
     """The configuration's servers, started, their tools listed; one line for each that failed."""
     from tallow.client.mcp.config import read_config
     from tallow.client.mcp.hub import McpHub
 
-    assert flags.mcp is not None
-    hub = McpHub(read_config(flags.mcp), offline=offline, call_s=flags.tool_timeout)
+    hub = McpHub(read_config(config), offline=offline, call_s=call_s)
     hub.open()
     for name, why in hub.failed.items():
         err_console().print(f"note: the MCP server {name} is left out: {why}", soft_wrap=True, markup=False)
@@ -82,11 +81,12 @@ def open_hub(flags: McpFlags, offline: bool):
 def answer_with_mcp(engine, messages: list[dict], flags: McpFlags, offline: bool, name: str, conversation_id: str,
                     as_json: bool, show_stats: bool, **request: Any):
     """The answer after the tool calls it needed: printed (or its JSON, with every step), its
-    stats line on stderr; the final record for the history log."""
+    stats line on stderr; the final record, and the calls, for the history log."""
     from tallow.cli.render import stats_line
     from tallow.client.mcp.loop import run_tools
 
-    hub = open_hub(flags, offline)
+    assert flags.mcp is not None
+    hub = open_hub(flags.mcp, offline, flags.tool_timeout)
     try:
         done = run_tools(engine, messages, hub, Approver(flags), shown, flags.max_steps, **request)
     finally:
@@ -103,7 +103,7 @@ def answer_with_mcp(engine, messages: list[dict], flags: McpFlags, offline: bool
     sys.stdout.flush()
     if show_stats:
         err_console().print(stats_line(done.final), style="dim", soft_wrap=True)
-    return done.final
+    return done.final, [s.logged() for s in done.steps]
 
 
 class ChatTools:
@@ -111,7 +111,8 @@ class ChatTools:
     answered through the tool loop (shown whole when it is done, not token by token)."""
 
     def __init__(self, flags: McpFlags, offline: bool) -> None:
-        self.flags, self.hub, self.approve = flags, open_hub(flags, offline), Approver(flags)
+        assert flags.mcp is not None
+        self.flags, self.hub, self.approve = flags, open_hub(flags.mcp, offline, flags.tool_timeout), Approver(flags)
 
     def listing(self) -> str:
         """/tools: what the model is offered."""
@@ -120,29 +121,31 @@ class ChatTools:
         return "\n".join(f"{t.qualified}  {t.description.splitlines()[0] if t.description else ''}" for t in self.hub.tools)
 
     def turn(self, conv, text: str, show_stats: bool):
+        """The turn's final record (None when it failed) and the calls it made, for the log."""
         from tallow.cli.errors import report
         from tallow.cli.render import stats_line
         from tallow.client.mcp.loop import run_tools
 
-        s = conv.settings
+        s, steps = conv.settings, []
 
         def answer(messages):
             done = run_tools(conv.engine, messages, self.hub, self.approve, shown, self.flags.max_steps,
                              max_tokens=s.max_tokens, stop=s.stop, sampling=s.sampling, raw=s.raw,
                              reasoning_budget=s.reasoning_budget)
+            steps.extend(step.logged() for step in done.steps)
             return done.final, done.text
 
         try:
             final = conv.ask_with(text, answer)
         except Exception as exc:  # noqa: BLE001 - a failed turn must not end the chat
             report(exc)
-            return None
+            return None, []
         said = conv.messages[-1]["content"]
         sys.stdout.write(said + ("" if said.endswith("\n") else "\n"))
         sys.stdout.flush()
         if show_stats:
             err_console().print(stats_line(final), style="dim", soft_wrap=True)
-        return final
+        return final, steps
 
     def close(self) -> None:
         self.hub.close()

@@ -133,13 +133,15 @@ class History:
     def new_conversation_id() -> str:
         return uuid.uuid4().hex[:12]
 
-    def log(self, conversation_id: str, model: str, system: str | None, prompt: str, final: FinalEvent) -> int:
+    def log(self, conversation_id: str, model: str, system: str | None, prompt: str, final: FinalEvent,
+            tool_calls: list[dict[str, Any]] | None = None) -> int:
+        """A turn answered by `final`; `tool_calls`: the calls run on the way to it (--mcp)."""
         u = final.usage
         usage = {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
                  "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens, "draft": u.draft,
                  "draft_tokens": u.draft_tokens, "accepted_tokens": u.accepted_tokens}
         return self.log_turn(Turn(conversation_id, model, system, prompt, final.text, final.reasoning or None,
-                                  final.finish_reason, usage, final.timings.summary()))
+                                  final.finish_reason, usage, final.timings.summary(), tool_calls or None))
 
     def log_turn(self, turn: Turn, replace_from: int | None = None) -> int:
         """Record a turn; with `replace_from`, the conversation's turns from that index on (0

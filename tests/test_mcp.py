@@ -14,24 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.mcp_servers import caller_model
 from helpers.processes import run_tallow
-from helpers.synth import HERMES, write_synthetic_gguf
 
 pytest.importorskip("mcp")
 SERVER = Path(__file__).parent / "helpers" / "mcp_servers.py"
-CALL = '{"name": "notes_read_note", "arguments": {"name": "groceries"}}'
-LOOP = HERMES.replace("{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
-                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-                      "{% if messages[-1]['role'] == 'tool' %}{{ '~' }}{% endif %}{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    assert LOOP != HERMES
-    return write_synthetic_gguf(tmp_path_factory.mktemp("mcp") / "caller.gguf", template=LOOP,
-                                script={"\n": "<tool_call>", "<tool_call>": CALL, CALL: "</tool_call>",
-                                        "</tool_call>": "<|im_end|>", "~": "O", "O": "K", "K": "<|im_end|>"},
-                                extra_tokens=("<tool_call>", "</tool_call>", CALL))
+    return caller_model(tmp_path_factory.mktemp("mcp") / "caller.gguf")
 
 
 def config(tmp_path: Path, mode: str = "", **more) -> Path:
@@ -215,3 +207,23 @@ def test_chat_offers_the_tools_turn_after_turn(model, tmp_path):
     assert "notes_read_note  Read one of the user's notes by its name." in err and "notes_list_notes" in err
     assert err.count("tool: notes_read_note") == 2 and "buy oat milk" in err  # a call each turn, run and shown
     assert out.stdout.decode().count("OK") == 2
+
+
+def test_the_history_log_keeps_each_call_and_its_result(model, tmp_path):
+    home = tmp_path / "home"
+    done = run_tallow(["run", str(model), "What do my groceries need?", "--mcp", str(config(tmp_path)), "--yes",
+                       "--temperature", "0", "--max-tokens", "32"], home=home)
+    assert done.returncode == 0, done.stderr.decode()
+    chat = run_tallow(["chat", str(model), "--mcp", str(config(tmp_path)), "--temperature", "0", "--max-tokens", "32"],
+                      home=home, input=b"What do my groceries need?\n/bye\n")  # no terminal: the call is denied
+    assert chat.returncode == 0, chat.stderr.decode()
+    logged = json.loads(run_tallow(["logs", "-n", "2", "--json"], home=home).stdout)
+    calls = [t["tool_calls"] for t in reversed(logged)]
+    arguments = json.dumps({"name": "groceries"})
+    assert [(c[0]["function"], c[0]["allowed"], c[0]["result"], c[0]["round"]) for c in calls] == [
+        ({"name": "notes_read_note", "arguments": arguments}, True, "the note groceries says: buy oat milk", 0),
+        ({"name": "notes_read_note", "arguments": arguments}, False, "the user did not allow this call", 0)]
+    assert all(t["response"] == "OK" and c[0]["id"] for t, c in zip(logged, reversed(calls)))
+    shown = run_tallow(["logs", "-n", "2"], home=home).stdout.decode()
+    assert f"tool: notes_read_note {arguments} → the note groceries says: buy oat milk" in shown
+    assert f"tool: notes_read_note {arguments} denied the user did not allow this call" in shown

@@ -115,9 +115,10 @@ def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str |
             if result == "clear":
                 cid = History.new_conversation_id()
             continue
-        final = tools.turn(conv, text, show_stats) if tools is not None else _answer(conv, text, hide_thinking, show_stats)
+        final, calls = tools.turn(conv, text, show_stats) if tools is not None else \
+            (_answer(conv, text, hide_thinking, show_stats), None)
         if final is not None:
-            log_turn(history, cid, name, conv.system, text, final)
+            log_turn(history, cid, name, conv.system, text, final, calls)
 
 
 def _read_message() -> str:

@@ -31,11 +31,12 @@ def open_history(enabled: bool = True):
         return None
 
 
-def log_turn(history, conversation_id: str, model: str, system: str | None, prompt: str, final) -> None:
+def log_turn(history, conversation_id: str, model: str, system: str | None, prompt: str, final,
+             tool_calls: list[dict] | None = None) -> None:
     if history is None:
         return
     try:
-        history.log(conversation_id, model, system, prompt, final)
+        history.log(conversation_id, model, system, prompt, final, tool_calls)
     except (sqlite3.Error, OSError) as exc:
         err_console().print(f"warning: could not write the history log ({exc})", soft_wrap=True)
 
@@ -80,7 +81,21 @@ def logs(
         out.write(f"# {when}  {t.model}{drafted}  conversation {t.conversation_id}  ({t.finish_reason})\n")
         if t.system:
             out.write(f"system: {t.system}\n")
-        out.write(f"> {t.prompt}\n{t.response}\n\n")
+        out.write(f"> {t.prompt}\n")
+        for call in t.tool_calls or ():
+            out.write(_call_line(call) + "\n")
+        out.write(f"{t.response}\n\n")
+
+
+def _call_line(call: dict) -> str:
+    """A logged tool call: its name and arguments, and (the head of) what it gave back."""
+    fn = call.get("function") or {}
+    line = f"tool: {fn.get('name', '?')} {fn.get('arguments', '')}"
+    if "result" in call:
+        result = str(call["result"]).replace("\n", " ")
+        mark = "denied" if call.get("allowed") is False else "error" if call.get("error") else "→"
+        line += f" {mark} {result[:200]}{'…' if len(result) > 200 else ''}"
+    return line
 
 
 def logs_path() -> None:

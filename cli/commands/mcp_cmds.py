@@ -32,9 +32,9 @@ def ls(
 
     Example: tallow mcp ls mcp.json
     """
-    from tallow.cli.mcp_tools import McpFlags, open_hub
+    from tallow.cli.mcp_tools import open_hub
 
-    hub = open_hub(McpFlags(mcp=config), offline)
+    hub = open_hub(config, offline)
     try:
         tools = hub.tools
     finally:

@@ -123,10 +123,10 @@ def run(
         if interactive:
             return _interactive(engine, ask, name, earlier, show, history, conversation_id)
         assert text is not None  # read above, since this run is not interactive
-        final = _answer(engine, ask, name, earlier, text, document, media, drafting, show, history, conversation_id)
+        final, calls = _answer(engine, ask, name, earlier, text, document, media, drafting, show, history, conversation_id)
     if final is None:  # several answers, shown and logged
         return
-    log_turn(history, conversation_id, name, system, text, final)
+    log_turn(history, conversation_id, name, system, text, final, calls)
     if final.finish_reason == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
     if ask.json_answer:
@@ -218,8 +218,9 @@ def _interactive(engine, ask: Ask, name: str, earlier: list, show: ShowFlags, hi
 
 
 def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str | None, media: list,
-            drafting: DraftFlags, show: ShowFlags, history, conversation_id) -> FinalEvent | None:
-    """One answer streamed (or --n answers, shown and logged: None), its JSON and stats line."""
+            drafting: DraftFlags, show: ShowFlags, history, conversation_id) -> tuple[FinalEvent | None, list | None]:
+    """One answer streamed (or --n answers, shown and logged: None), its JSON and stats line;
+    with --mcp, the tool calls made on the way, for the history log."""
     head = ([{"role": "system", "content": ask.system}] if ask.system else []) + earlier
     messages = head + [{"role": "user", "content": with_markers(text, media), "media": media}
                        if media else {"role": "user", "content": text}]
@@ -238,7 +239,7 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
     if ask.n > 1:
         _several(engine, request, ask.n, name, conversation_id, history, ask.system, text, ask.as_json, ask.logprobs,
                  show.stats_line(ask.as_json), ask.json_answer, ask.schema)
-        return None
+        return None, None
     tokens: list = []
     final = _stream(engine, request, echo=not ask.as_json and ask.tools is None,
                     show_reasoning=not show.hide_thinking and stderr_is_terminal(),
@@ -249,7 +250,7 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
         err_console().print(stats_line(final), style="dim", soft_wrap=True)
     if final.finish_reason != "interrupted":
         engine.save_prompt(request)  # after everything is shown: saving never delays an answer
-    return final
+    return final, None
 
 
 def _print_json(engine, ask: Ask, name: str, conversation_id: str, request, final: FinalEvent, tokens: list) -> None:

@@ -67,7 +67,7 @@ def serve(
     ray_opts = _ray_options(on_ray, offline, models, {
         "--auth": listen.auth is not None, "--threads": load.threads is not None, "--max-models": pool.max_models != 3,
         "--memory-budget": pool.memory_budget is not None, "--keep-alive": pool.keep_alive is not None,
-        "--model-option": bool(pool.model_option), "--open": listen.open_page,
+        "--model-option": bool(pool.model_option), "--open": listen.open_page, "--mcp": listen.mcp is not None,
         "--max-per-client": listen.max_per_client != GUARD.max_per_client,
         "--header-timeout": listen.header_timeout != GUARD.header_timeout})
     base = functools.partial(_runner_base, listen, asks, load, drafting, files, kv, draft)
@@ -114,6 +114,7 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
     """The multi-model front on its socket, its runners started, until SIGTERM or Ctrl-C."""
     from importlib.metadata import version
 
+    from tallow.cli.mcp_tools import open_hub
     from tallow.runtime.host.threads import physical_cores
     from tallow.serve.front.front_app import FrontConfig, create_front
     from tallow.serve.http.replica import Replica
@@ -125,17 +126,21 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
         pool, registry, names = _start_pool(models, conf, per_model, private, pool_flags.max_models,
                                            pool_flags.budget(), keep, offline, aliases)
         _start_recheck(pool, conf.threads)
+        tools = None
         try:
+            tools = open_hub(listen.mcp, offline) if listen.mcp is not None else None
             replica = Replica()
             guard = listen.guard(names[0] if names else "", history)
             front = FrontConfig(guard, names[0] if names else None, version("tallow"), conf.threads or physical_cores())
-            app = create_front(pool, registry, front, replica)
+            app = create_front(pool, registry, front, replica, tools)
             try:
                 run_uvicorn(app.asgi(), sock, functools.partial(_started, pool, names, replica, sock, listen), replica,
                             listen.drain_timeout, listen.header_timeout)
             finally:
                 app.close()
         finally:
+            if tools is not None:
+                tools.close()
             pool.close()
 
 

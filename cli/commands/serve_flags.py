@@ -33,6 +33,7 @@ class ListenFlags(FlagGroup):
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", callback=o.finite, min=0.0, help="On SIGTERM: seconds the requests in flight may take to finish (new ones get 503), then exit 0.")] = 30.0
     no_ui: Annotated[bool, typer.Option("--no-ui", help="Answer GET / with the liveness text only, not the chat page.")] = False
     open_page: Annotated[bool, typer.Option("--open", help="Open the chat page in the browser once serving.")] = False
+    mcp: Annotated[Optional[Path], typer.Option("--mcp", help="Let the chat page offer the tools of the MCP servers in this mcpServers JSON file, each call approved in the page (the APIs never run tools).", show_default=False)] = None
 
     def key(self) -> str | None:
         return self.api_key or settings.api_key()
@@ -47,6 +48,9 @@ class ListenFlags(FlagGroup):
 
         if self.open_page and self.no_ui:
             raise typer.BadParameter("there is no page to open with --no-ui", param_hint="--open")
+        if self.mcp is not None and self.no_ui:
+            raise typer.BadParameter("--mcp gives the chat page its tools, and --no-ui leaves the page out",
+                                     param_hint="--mcp")
         if self.auth not in (None, "keys"):
             raise typer.BadParameter(f"'{self.auth}' is not a kind of authentication tallow knows (keys)",
                                      param_hint="--auth")

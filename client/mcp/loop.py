@@ -27,10 +27,19 @@ class Step:
     result: str = ""
     error: bool = False
     allowed: bool = True
+    id: str = ""  # the call's id in the conversation
+    round: int = 0  # which of the model's answers made it (0: the first)
 
     def to_dict(self) -> dict[str, Any]:
         return {"tool": self.tool, "arguments": self.arguments, "allowed": self.allowed, "error": self.error,
                 "result": self.result}
+
+    def logged(self) -> dict[str, Any]:
+        """As the history log keeps a call that was run (or denied): the chat page's shape, an
+        OpenAI tool call with its round, whether it was allowed, and its result."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.tool, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
+                "round": self.round, "allowed": self.allowed, "error": self.error, "result": self.result}
 
 
 @dataclass
@@ -64,6 +73,7 @@ def run_tools(engine, messages: list[dict[str, Any]], hub: McpHub, approve: Call
         messages.append({"role": "assistant", "content": answer.content, "tool_calls": calls})
         for cid, name, args in answer.calls:
             step = _step(hub, name, json.loads(args), approve, lambda text: _fitted(engine, text, room))
+            step.id, step.round = cid, round_
             steps.append(step)
             shown(step)
             messages.append({"role": "tool", "tool_call_id": cid, "name": name, "content": step.result})

@@ -44,6 +44,7 @@ from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.serve.ui.conversations import Conversations
 from tallow.serve.ui.page import ASSETS, Page
+from tallow.serve.ui.tools import PageTools, ToolHost
 from tallow.wire.apis import routes as api_routes
 from tallow.wire.fields import APIError, parse_json
 
@@ -56,16 +57,19 @@ class FrontConfig:
     threads: int = 2  # for a Whisper model, which the front runs itself
 
 
-def create_front(pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica | None = None) -> FrontApp:
-    """The front's app; `replica` is its state as one replica among several (serve/http/replica.py)."""
-    return FrontApp(pool, registry, cfg, replica or Replica())
+def create_front(pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica | None = None,
+                 tools: ToolHost | None = None) -> FrontApp:
+    """The front's app; `replica` is its state as one replica among several (serve/http/replica.py);
+    `tools` the MCP servers the chat page may call (serve --mcp)."""
+    return FrontApp(pool, registry, cfg, replica or Replica(), tools)
 
 
 class FrontApp:
     """The front's routes: what needs no model is answered here, the rest is proxied."""
 
-    def __init__(self, pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica) -> None:
-        self.pool, self.registry, self.cfg, self.replica = pool, registry, cfg, replica
+    def __init__(self, pool: Pool, registry: Registry, cfg: FrontConfig, replica: Replica,
+                 tools: ToolHost | None = None) -> None:
+        self.pool, self.registry, self.cfg, self.replica, self.tools = pool, registry, cfg, replica, tools
         self.started = int(time.time())
         self.stored = ResponseStore(cfg.guard.history)
         self.page = Page(cfg.guard.ui)  # GET /: the chat page, or Ollama's liveness text
@@ -79,6 +83,7 @@ class FrontApp:
         if self.cfg.guard.ui:
             routes.append(Route(ASSETS + "{path:path}", self.page.asset, methods=["GET", "HEAD"]))
             routes += Conversations(self.cfg.guard.conversations, self.cfg.guard.max_body).routes()
+            routes += PageTools(self.tools, self.cfg.guard.max_body).routes()
         g = self.cfg.guard
         proxy = Proxy(self.pool, self.registry, self.cfg.default_model, g.max_body, self.keys,
                       (g.body_timeout, g.stall_timeout))

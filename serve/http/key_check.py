@@ -3,7 +3,7 @@ has used, before any route runs (the guard calls `KeyCheck.admit`).
 
 Route groups: `generate` (the chat, completion, Responses, Messages and Ollama generate
 routes, and the chat page's conversations), `embed` (embeddings and rerank), `admin` (pull,
-delete, create, copy, adapters' scales, /metrics; an Ollama unload is checked by the proxy,
+delete, create, copy, adapters' scales, /metrics, the chat page's tool calls; an Ollama unload is checked by the proxy,
 which reads the body). Reading what the server offers (models, tags, ps, show, version) takes
 any valid key. Limits: requests a minute and tokens a minute are token buckets refilled
 continuously; tokens are charged as each request's usage row arrives (serve/http/usage.py),
@@ -24,13 +24,15 @@ from tallow.wire.apis import ADMIN, GENERATE, READ, kind_of
 from tallow.wire.fields import APIError
 
 CATCH_UP = 0.2  # seconds between reads of the usage rows that arrived
+PAGE_TOOL_CALL = "/ui/api/tools/call"  # the chat page's route that runs an MCP tool (serve/ui/tools.py)
 
 
 def route_group(method: str, path: str) -> str | None:
     """The group a route belongs to (None: reading what the server offers): each API's routes
     by their records (wire/apis.py); tallow's own: /metrics and setting adapters' scales are
-    admin, the chat page's conversations generate."""
-    if path == "/metrics" or (path == "/lora-adapters" and method == "POST"):
+    admin, the chat page's conversations generate, and running a tool for the page (which runs
+    with the server's rights on its machine) admin."""
+    if path in ("/metrics", PAGE_TOOL_CALL) or (path == "/lora-adapters" and method == "POST"):
         return ADMIN
     if path.startswith("/ui/api/"):
         return GENERATE

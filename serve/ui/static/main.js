@@ -5,7 +5,9 @@ import * as api from "./api.js";
 import { copyCode } from "./markdown.js";
 import { loadSettings, requestFields } from "./settings.js";
 import { HEARD, Recorder, speechModel, transcribe } from "./speech.js";
-import { answerNode, conversationItem, fillAnswer, flatUsage, questionNode } from "./view.js";
+import { loadTools, offer, runnable, settle } from "./tools.js";
+import { apply, messages } from "./turns.js";
+import { answerNode, conversationItem, fillAnswer, questionNode } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
 const state = { id: null, turns: [], kept: true, busy: null, images: [], caps: new Map(), frame: null, speech: null };
@@ -144,42 +146,6 @@ function newChat() {
   $("prompt").focus();
 }
 
-function userContent(turn) {
-  if (!turn.images || !turn.images.length) return turn.prompt;
-  return [{ type: "text", text: turn.prompt }, ...turn.images.map((url) => ({ type: "image_url", image_url: { url } }))];
-}
-
-function messages(turns) {
-  const out = [];
-  const system = $("system").value.trim();
-  if (system) out.push({ role: "system", content: system });
-  turns.forEach((t, i) => {
-    out.push({ role: "user", content: userContent(t) });
-    if (i < turns.length - 1) out.push({ role: "assistant", content: t.response || "" });
-  });
-  return out;
-}
-
-// One streamed event into the turn
-function apply(turn, event) {
-  if (event.usage) {
-    turn.usage = flatUsage(event.usage);
-    turn.timings = event.timings || {};
-  }
-  for (const choice of event.choices || []) {
-    const d = choice.delta || {};
-    if (d.content) turn.response += d.content;
-    if (d.reasoning_content) turn.reasoning += d.reasoning_content;
-    for (const c of d.tool_calls || []) {
-      turn.tool_calls[c.index] ||= { id: c.id, type: "function", function: { name: "", arguments: "" } };
-      const call = turn.tool_calls[c.index];
-      if (c.function && c.function.name) call.function.name += c.function.name;
-      if (c.function && c.function.arguments) call.function.arguments += c.function.arguments;
-    }
-    if (choice.finish_reason) turn.finish_reason = choice.finish_reason;
-  }
-}
-
 function nearBottom() {
   const log = $("log");
   return log.scrollHeight - log.scrollTop - log.clientHeight < 80;
@@ -223,12 +189,22 @@ async function ask(index, prompt, images) {
   const controller = new AbortController();
   state.busy = controller;
   setBusy(true);
-  const body = { model, messages: messages(state.turns), stream: true, stream_options: { include_usage: true }, ...fields };
   try {
-    const response = await guarded(() => api.call("/v1/chat/completions", { method: "POST", body, signal: controller.signal }));
-    for await (const event of api.events(response)) {
-      apply(turn, event);
-      paint(node, turn);
+    const takesTools = $("server-tools").checked && (await capabilities(model)).includes("tools");
+    for (let round = 0; ; round += 1) {  // until the answer is text: the server's tools run as allowed here
+      const body = { model, messages: messages($("system").value.trim(), state.turns), stream: true, stream_options: { include_usage: true },
+        ...fields, ...offer(fields, takesTools, round) };
+      turn.base = turn.tool_calls.length;
+      const response = await guarded(() => api.call("/v1/chat/completions", { method: "POST", body, signal: controller.signal }));
+      for await (const event of api.events(response)) {
+        apply(turn, event);
+        paint(node, turn);
+      }
+      const calls = turn.finish_reason === "tool_calls" ? runnable(turn) : [];
+      if (!calls.length) break;
+      fillAnswer(node, turn, true);
+      await guarded(() => settle(calls, node, controller.signal, round));
+      fillAnswer(node, turn, true);
     }
   } catch (e) {
     if (e.name === "AbortError") turn.finish_reason = "cancelled";
@@ -459,12 +435,21 @@ function wire() {
   });
 }
 
+function showServerTools({ tools, failed }) {
+  const names = tools.map((t) => t.function.name);
+  const left = Object.entries(failed).map(([server, why]) => `${server} (${why})`);
+  $("server-tools-row").hidden = !names.length && !left.length;
+  $("server-tools-list").textContent = (names.length ? `Offered: ${names.join(", ")}.` : "")
+    + (left.length ? ` Left out: ${left.join("; ")}.` : "");
+}
+
 async function boot() {
   loadSettings();
   wire();
   try {
     await loadModels();
     await refreshList();
+    showServerTools(await loadTools(guarded));
   } catch (e) {
     setStatus(e.message);
   }

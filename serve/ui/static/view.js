@@ -127,6 +127,11 @@ function callNode(call) {
   let args = fn.arguments || "";
   try { args = JSON.stringify(JSON.parse(args), null, 2); } catch (_) { /* shown as sent */ }
   box.append(el("pre", "call-args", args));
+  if (call.result !== undefined) {  // run (or denied) for the page, from a server's MCP tools
+    box.dataset.outcome = call.allowed === false ? "denied" : call.error ? "error" : "ran";
+    box.append(el("div", "call-name", call.allowed === false ? "Not allowed" : call.error ? "Failed" : "Result"),
+      el("pre", "call-result", call.result));
+  }
   return box;
 }
 
