@@ -66,6 +66,35 @@ def shown(step) -> None:
                         soft_wrap=True, markup=False, style="dim")
 
 
+class Spoken:
+    """A tool loop's answer as it streams: text on stdout, reasoning dim on stderr when shown;
+    a call's lines (and its question) start on a line of their own."""
+
+    def __init__(self, reasoning: bool) -> None:
+        self.reasoning, self.open = reasoning, False
+
+    def __call__(self, delta) -> None:
+        if delta.kind == "content" and delta.text:
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+            self.open = not delta.text.endswith("\n")
+        elif delta.kind == "reasoning" and self.reasoning and delta.text:
+            err_console().print(delta.text, end="", style="dim", markup=False, soft_wrap=True)
+
+    def end_line(self) -> None:
+        if self.open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.open = False
+
+    def before(self, act):
+        """`act` (showing or asking about a call), on a fresh line."""
+        def fresh(*args):
+            self.end_line()
+            return act(*args)
+        return fresh
+
+
 def open_hub(config: Path, offline: bool, call_s: float = 60.0):
     """The configuration's servers, started, their tools listed; one line for each that failed."""
     from tallow.client.mcp.config import read_config
@@ -79,18 +108,20 @@ def open_hub(config: Path, offline: bool, call_s: float = 60.0):
 
 
 def answer_with_mcp(engine, messages: list[dict], flags: McpFlags, offline: bool, name: str, conversation_id: str,
-                    as_json: bool, show_stats: bool, **request: Any):
-    """The answer after the tool calls it needed: printed (or its JSON, with every step), its
+                    as_json: bool, show_stats: bool, show_reasoning: bool, **request: Any):
+    """The answer after the tool calls it needed: streamed (or its JSON, with every step), its
     stats line on stderr; the final record, and the calls, for the history log."""
     from tallow.cli.render import stats_line
     from tallow.client.mcp.loop import run_tools
 
     assert flags.mcp is not None
-    hub = open_hub(flags.mcp, offline, flags.tool_timeout)
+    hub, spoken = open_hub(flags.mcp, offline, flags.tool_timeout), Spoken(show_reasoning)
     try:
-        done = run_tools(engine, messages, hub, Approver(flags), shown, flags.max_steps, **request)
+        done = run_tools(engine, messages, hub, spoken.before(Approver(flags)), spoken.before(shown), flags.max_steps,
+                         said=None if as_json else spoken, **request)
     finally:
         hub.close()
+        spoken.end_line()
     if done.cut:
         err_console().print(f"note: {flags.max_steps} tool calls made; the model answered from their results",
                             soft_wrap=True, markup=False)
@@ -98,9 +129,7 @@ def answer_with_mcp(engine, messages: list[dict], flags: McpFlags, offline: bool
         out = {"model": name, "text": done.text, "conversation_id": conversation_id, **done.final.to_dict(),
                "steps": [s.to_dict() for s in done.steps]}
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
-    else:
-        sys.stdout.write(done.text + ("" if done.text.endswith("\n") else "\n"))
-    sys.stdout.flush()
+        sys.stdout.flush()
     if show_stats:
         err_console().print(stats_line(done.final), style="dim", soft_wrap=True)
     return done.final, [s.logged() for s in done.steps]
@@ -108,7 +137,7 @@ def answer_with_mcp(engine, messages: list[dict], flags: McpFlags, offline: bool
 
 class ChatTools:
     """--mcp in a chat: the servers, the approval of each call on the terminal, and a turn
-    answered through the tool loop (shown whole when it is done, not token by token)."""
+    answered through the tool loop, streamed."""
 
     def __init__(self, flags: McpFlags, offline: bool) -> None:
         assert flags.mcp is not None
@@ -120,29 +149,28 @@ class ChatTools:
             return "no tools: no MCP server started"
         return "\n".join(f"{t.qualified}  {t.description.splitlines()[0] if t.description else ''}" for t in self.hub.tools)
 
-    def turn(self, conv, text: str, show_stats: bool):
+    def turn(self, conv, text: str, show_stats: bool, hide_thinking: bool = False):
         """The turn's final record (None when it failed) and the calls it made, for the log."""
         from tallow.cli.errors import report
         from tallow.cli.render import stats_line
         from tallow.client.mcp.loop import run_tools
 
-        s, steps = conv.settings, []
+        s, steps, out = conv.settings, [], Spoken(not hide_thinking)
 
         def answer(messages):
-            done = run_tools(conv.engine, messages, self.hub, self.approve, shown, self.flags.max_steps,
-                             max_tokens=s.max_tokens, stop=s.stop, sampling=s.sampling, raw=s.raw,
-                             reasoning_budget=s.reasoning_budget)
+            done = run_tools(conv.engine, messages, self.hub, out.before(self.approve), out.before(shown),
+                             self.flags.max_steps, said=out, max_tokens=s.max_tokens, stop=s.stop, sampling=s.sampling,
+                             raw=s.raw, reasoning_budget=s.reasoning_budget)
             steps.extend(step.logged() for step in done.steps)
             return done.final, done.text
 
         try:
             final = conv.ask_with(text, answer)
         except Exception as exc:  # noqa: BLE001 - a failed turn must not end the chat
+            out.end_line()
             report(exc)
             return None, []
-        said = conv.messages[-1]["content"]
-        sys.stdout.write(said + ("" if said.endswith("\n") else "\n"))
-        sys.stdout.flush()
+        out.end_line()
         if show_stats:
             err_console().print(stats_line(final), style="dim", soft_wrap=True)
         return final, steps

@@ -227,3 +227,23 @@ def test_the_history_log_keeps_each_call_and_its_result(model, tmp_path):
     shown = run_tallow(["logs", "-n", "2"], home=home).stdout.decode()
     assert f"tool: notes_read_note {arguments} → the note groceries says: buy oat milk" in shown
     assert f"tool: notes_read_note {arguments} denied the user did not allow this call" in shown
+
+
+def test_each_round_streams_its_text_and_holds_the_call_back(model, tmp_path):
+    # what run and chat print as it comes: the content deltas of every round, never the call's markup
+    from tallow.client.mcp.config import read_config
+    from tallow.client.mcp.hub import McpHub
+    from tallow.client.mcp.loop import run_tools
+    from tallow.runtime.engine import Engine
+    from tallow.runtime.types import LoadSettings, Sampling
+
+    said = []
+    with Engine(model, LoadSettings(n_ctx=2048, n_threads=2)) as engine, McpHub(read_config(config(tmp_path))) as hub:
+        done = run_tools(engine, [{"role": "user", "content": "What do my groceries need?"}], hub,
+                         lambda name, args: True, lambda step: None, said=said.append, max_tokens=32,
+                         sampling=Sampling(temperature=0.0))
+    assert [d.text for d in said if d.kind == "content"] == ["O", "K"]  # token by token
+    shown = [d.text for d in said if d.kind in ("content", "reasoning")]
+    assert not any("tool_call" in t or "groceries" in t for t in shown), said
+    assert [d.text for d in said if d.kind == "call"] == ["notes_read_note"]  # the call came as a call
+    assert done.text == "OK" and done.steps[0].result == "the note groceries says: buy oat milk"

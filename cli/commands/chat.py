@@ -115,7 +115,7 @@ def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str |
             if result == "clear":
                 cid = History.new_conversation_id()
             continue
-        final, calls = tools.turn(conv, text, show_stats) if tools is not None else \
+        final, calls = tools.turn(conv, text, show_stats, hide_thinking) if tools is not None else \
             (_answer(conv, text, hide_thinking, show_stats), None)
         if final is not None:
             log_turn(history, cid, name, conv.system, text, final, calls)

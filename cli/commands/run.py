@@ -226,7 +226,8 @@ def _answer(engine, ask: Ask, name: str, earlier: list, text: str, document: str
                        if media else {"role": "user", "content": text}]
     if ask.mcp is not None:
         return answer_with_mcp(engine, messages, ask.mcp, ask.offline, name, conversation_id, ask.as_json,
-                               show.stats_line(ask.as_json), max_tokens=ask.max_tokens, stop=ask.stop,
+                               show.stats_line(ask.as_json), not show.hide_thinking and stderr_is_terminal(),
+                               max_tokens=ask.max_tokens, stop=ask.stop,
                                sampling=ask.sampling, raw=ask.raw, reasoning_budget=ask.reasoning_budget)
     # Prefixes worth keeping on disk: the system prompt and history, and a piped document.
     prefixes = ([head] if head else []) + ([head + [{"role": "user", "content": document}]] if document else [])

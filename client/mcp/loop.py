@@ -1,7 +1,8 @@
 """The tool loop: the model is offered the MCP servers' tools; each call it makes is shown,
 approved (or not) by the caller, run, and its result given back, until the model answers in
 text or the step limit is reached (then it is asked once more with no tools, to answer from
-what it has)."""
+what it has). Each round streams: its text and reasoning reach `said` as they come, the
+call markup held back by the same `Answer` the API's streams use."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tallow.client.mcp.hub import McpHub
+from tallow.common.errors import TallowError
 from tallow.runtime.answer import Answer
-from tallow.runtime.protocol import final_of
+from tallow.runtime.answer import Outcome as Said
 from tallow.runtime.tools.choice import Tool, ToolChoice
-from tallow.runtime.types import FinalEvent
+from tallow.runtime.tools.stream import Delta
+from tallow.runtime.types import FinalEvent, ProgressEvent
 
 MAX_STEPS = 8
 
@@ -57,16 +60,17 @@ def offered(hub: McpHub, fmt: str) -> ToolChoice:
 
 
 def run_tools(engine, messages: list[dict[str, Any]], hub: McpHub, approve: Callable[[str, dict], bool],
-              shown: Callable[[Step], None], max_steps: int = MAX_STEPS, **request: Any) -> Outcome:
-    """Ask, run the calls the answer makes, and ask again, until the answer is text."""
+              shown: Callable[[Step], None], max_steps: int = MAX_STEPS,
+              said: Callable[[Delta], None] | None = None, **request: Any) -> Outcome:
+    """Ask, run the calls the answer makes, and ask again, until the answer is text; `said`
+    gets each round's content and reasoning deltas as they stream."""
     choice, steps = offered(hub, engine.tool_format()), list[Step]()
     messages = list(messages)
     room = (engine.n_ctx or 4096) // 4  # tokens: a result takes at most a quarter of the context
     for round_ in range(max_steps + 1):
         last = round_ == max_steps
         now = ToolChoice(choice.tools, "none", None, True, choice.format) if last else choice
-        final = final_of(engine.stream(engine.request(messages, tools=now, **request)))
-        answer = Answer(now).whole(final)
+        final, answer = _round(engine, engine.request(messages, tools=now, **request), Answer(now), said)
         if not answer.calls:
             return Outcome(final, answer.content, steps, cut=last and round_ > 0)
         calls = [{"id": cid, "name": name, "arguments": args} for cid, name, args in answer.calls]
@@ -78,6 +82,21 @@ def run_tools(engine, messages: list[dict[str, Any]], hub: McpHub, approve: Call
             shown(step)
             messages.append({"role": "tool", "tool_call_id": cid, "name": name, "content": step.result})
     raise AssertionError("the last round offers no tools")  # pragma: no cover - it returns above
+
+
+def _round(engine, request, answer: Answer, said: Callable[[Delta], None] | None) -> tuple[FinalEvent, Said]:
+    """One answer streamed: its deltas to `said`, its final record and what it said."""
+    for event in engine.stream(request):
+        if isinstance(event, ProgressEvent):
+            continue
+        deltas, outcome = answer.finish(event) if isinstance(event, FinalEvent) else (answer.feed(event), None)
+        for delta in deltas:
+            if said is not None:
+                said(delta)
+        if outcome is not None:
+            assert isinstance(event, FinalEvent)  # only the last event has an outcome
+            return event, outcome
+    raise TallowError("the engine ended without a final record")
 
 
 def _step(hub: McpHub, name: str, arguments: dict[str, Any], approve: Callable[[str, dict], bool],
