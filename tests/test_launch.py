@@ -125,3 +125,37 @@ def test_the_agent_runs_with_the_key_when_installed(server, tmp_path):
     term.read_until(r"\[y/N\] ")
     term.send("y\r")
     term.read_until(r"Aider is not installed here: pip install aider-chat")
+
+
+def test_with_no_server_one_is_started_and_answers_before_the_agent_runs(default_home, tmp_path):
+    import re
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {"HOME": str(tmp_path), "TALLOW_HOST": url, "TALLOW_HOME": str(default_home), "PATH": "/usr/bin:/bin"}
+    failed = run_tallow(["launch", "aider", "--model", str(tmp_path / "none.gguf"), "--yes"], home=default_home, env=env)
+    assert failed.returncode == 1 and "stopped (exit 1) before it answered" in failed.stderr.decode()
+    out = run_tallow(["launch", "aider", "--model", "smollm2:135m", "--yes"], home=default_home, env=env)
+    err = out.stderr.decode()
+    pid = int(re.search(r"started tallow serve smollm2:135m at \S+ \(pid (\d+);", err).group(1))
+    try:
+        assert out.returncode == 0, err
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:  # it answered before launch returned
+            assert "smollm2:135m" in [m["id"] for m in json.loads(r.read())["data"]]
+        assert yaml.safe_load((tmp_path / ".aider.conf.yml").read_text())["openai-api-base"] == url + "/v1"
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(pid, signal.SIGKILL)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Optional
@@ -21,6 +22,7 @@ from tallow.common.errors import TallowError
 from tallow.env import settings
 
 ABSENT = "# tallow launch: there was no file here before\n"  # a backup's text when there was none
+START_S = 60.0  # seconds a server started for the agent may take to answer
 
 
 def launch(
@@ -108,7 +110,9 @@ def _restore(spec: Agent, path: Path, backup: Path) -> None:
 
 
 def _start_server(base: str, model: str) -> None:
-    """tallow serve in the background, for the agent (it keeps running after this command)."""
+    """tallow serve in the background, for the agent (it keeps running after this command),
+    once it answers: the agent's first request must not meet a closed port."""
+    from tallow.cli.commands.ui_cmds import is_tallow
     from tallow.common.net import is_loopback
 
     parts = urllib.parse.urlsplit(base)
@@ -120,6 +124,15 @@ def _start_server(base: str, model: str) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "tallow.cli", "serve", model, "--host", parts.hostname or "",
                                  "--port", str(parts.port or 8080)], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+    deadline = time.monotonic() + START_S
+    while not is_tallow(base):
+        if proc.poll() is not None:
+            raise TallowError(f"tallow serve {model} stopped (exit {proc.returncode}) before it answered at {base}",
+                              f"its log: {log}")
+        if time.monotonic() > deadline:
+            raise TallowError(f"tallow serve {model} did not answer at {base} within {START_S:g} s",
+                              f"it is still starting (pid {proc.pid}); its log: {log}")
+        time.sleep(0.25)
     err_console().print(f"started tallow serve {model} at {base} (pid {proc.pid}; its log: {log})", soft_wrap=True,
                         markup=False)
 
