@@ -3,12 +3,14 @@ completions (the whole history each step), the Responses API (previous_response_
 Anthropic's Messages (the whole history). Each step the model must call a tool
 (tool_choice required) and the loop appends a ~200-token result.
 
-    python tests/benchmarks/agent_loop.py [--model PATH] [--steps 10]
+    python tests/benchmarks/agent_loop.py [--model PATH] [--steps 10] [--rounds 3]
 
 Prints, per route and step, the prompt tokens, how many were evaluated (not cached) and the
-client's TTFT; then step 10's TTFT against a cold prefill of the very same request on a
-fresh server with no prompt cache. Exits non-zero unless, on every route, each step after
-the first evaluates about its new tokens only and step 10's TTFT <= 0.15x the cold one.
+client's TTFT; then, in paired, alternating rounds (tests/benchmarks/paired.py), step 10's
+TTFT (the whole loop on a fresh server) against a cold prefill of the very same request on
+a fresh server with no prompt cache. Exits 1 unless, on every route, each step after the
+first evaluates about its new tokens only and step 10's TTFT <= 0.15x the cold one; 3 when
+the machine was too noisy to say.
 """
 
 from __future__ import annotations
@@ -167,39 +169,49 @@ def server(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
 
 def main() -> int:
     from benchmarks.overhead import default_model
+    from benchmarks.paired import Comparison, compare, exit_code
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     model = args.model or default_model()
     results = passages(model, args.steps)
-    ok = True
+    ok, verdicts = True, []
     for route in ("chat", "responses", "messages"):
-        proc, url = server(model)
-        try:
-            steps, last = loop(url, route, results)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        cold_proc, cold_url = server(model, "--no-cache")
-        try:  # for Responses, the stored conversation written out as items: the same prompt
-            cold, usage, _ = stream(cold_url, last["path"], last["body"])
-        finally:
-            cold_proc.terminate()
-            cold_proc.wait(30)
-        print(f"\n{route}: step  prompt  evaluated  TTFT ms")
+        runs: list[tuple[list[dict], dict]] = []
+
+        def measure(arm: str, route: str = route, runs: list = runs) -> float:
+            if arm == "subject" or not runs:
+                proc, url = server(model)
+                try:
+                    runs.append(loop(url, route, results))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                if arm == "subject":
+                    return runs[-1][0][-1]["ttft_ms"]
+            cold_proc, cold_url = server(model, "--no-cache")
+            try:  # for Responses, the stored conversation written out as items: the same prompt
+                cold, usage, _ = stream(cold_url, runs[0][1]["path"], runs[0][1]["body"])
+            finally:
+                cold_proc.terminate()
+                cold_proc.wait(30)
+            assert usage["prompt"] == runs[0][0][-1]["prompt"], (usage, runs[0][0][-1])
+            return cold
+
+        verdicts.append(compare(Comparison(f"{route}: step {args.steps} TTFT / a cold prefill of its request", measure,
+                                           TARGET, True, args.rounds, unit=" ms")))
+        steps = runs[-1][0]
+        print(f"{route}: step  prompt  evaluated  TTFT ms (the last loop)")
         for s in steps:
             print(f"{'':>{len(route)}}  {s['step']:>4}  {s['prompt']:>6}  {s['evaluated']:>9}  {s['ttft_ms']:>7.0f}")
-        grew = [s["evaluated"] <= (s["prompt"] - p["prompt"]) + SLACK for p, s in zip(steps, steps[1:])]
-        ratio = steps[-1]["ttft_ms"] / cold
-        print(f"  cold prefill of step {steps[-1]['step']}'s request: {usage['prompt']} tokens, TTFT {cold:.0f} ms;"
-              f" step {steps[-1]['step']} / cold = {ratio:.3f} (target <= {TARGET})"
-              + ("" if all(grew) else "; a step re-read old turns"))
-        ok = ok and all(grew) and ratio <= TARGET and usage["prompt"] == steps[-1]["prompt"]
-    print("\nPASS" if ok else "\nFAIL")
-    return 0 if ok else 1
-
+        grew = all(s["evaluated"] <= (s["prompt"] - p["prompt"]) + SLACK for run, _ in runs
+                   for p, s in zip(run, run[1:]))
+        print("  every step evaluated only what it added" if grew else "  a step re-read old turns")
+        ok = ok and grew
+    return exit_code(verdicts) or (0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,19 @@ default model, 256 new tokens, greedy) and reads their decode tok/s from --json:
    the same pair pinned to a thread per core (-t CORES, llama.cpp's default) is printed
    beside it (once, 32 tokens: it is that slow);
 3. one next to a CPU-bound stranger (a busy loop): against the best fixed thread count
-   for that situation (each -t from 1 to the core count, measured the same way).
-   Target >= 0.9x.
+   for that situation (each -t from 1 to the core count, measured once the same way to
+   find it). Target >= 0.9x.
 
-Every scenario is repeated --reps times (median). Exits 1 when a target is missed.
+2 and 3 are paired, alternating rounds (tests/benchmarks/paired.py). Exits 1 when a target
+is missed, 3 when the machine was too noisy to say.
 
-    python tests/benchmarks/busy.py [--reps 3]
+    python tests/benchmarks/busy.py [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -64,35 +64,29 @@ def main() -> int:
     from helpers.processes import shared_home
 
     from benchmarks.llamabench import tallow_env
+    from benchmarks.paired import Comparison, compare, exit_code
     from tallow.runtime.host.threads import physical_cores
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     home = shared_home()
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
     cores = physical_cores()
     together(env, 1)  # calibrate and warm the page cache first
-    med = statistics.median
-    alone = med([together(env, 1)[0] for _ in range(args.reps)])
-    pairs = [together(env, 2) for _ in range(args.reps)]
-    pair = med([sum(p) for p in pairs])
+    print(f"{cores} cores, default model, 256 tokens")
+    verdicts = [compare(Comparison("two at once (tallow's choice), aggregate / one alone",
+                                   lambda arm: sum(together(env, 2)) if arm == "subject" else together(env, 1)[0],
+                                   1.0, False, args.reps, unit=" tok/s"))]
     pinned_pair = sum(together(env, 2, cores, tokens=32))  # a reference only, and slow: once, 32 tokens
-    near = med([with_stranger(env, None) for _ in range(args.reps)])
-    fixed = {t: med([with_stranger(env, t) for _ in range(args.reps)]) for t in range(1, cores + 1)}
+    print(f"two at once, -t {cores} each (llama.cpp's default thread count): {pinned_pair:.1f} tok/s in all")
+    fixed = {t: with_stranger(env, t) for t in range(1, cores + 1)}
     best_t = max(fixed, key=fixed.get)
-    print(f"{cores} cores, default model, 256 tokens, median of {args.reps}")
-    print(f"one alone:                      {alone:7.1f} tok/s")
-    print(f"two at once (tallow's choice):  {pair:7.1f} tok/s in all ({' + '.join(f'{r:.1f}' for r in pairs[0])} in the first) "
-          f"= {pair / alone:.2f}x one alone (target >= 1.00)")
-    print(f"two at once, -t {cores} each:        {pinned_pair:7.1f} tok/s in all = {pinned_pair / alone:.2f}x one alone "
-          "(llama.cpp's default thread count)")
-    print(f"next to a busy loop:            {near:7.1f} tok/s = {near / fixed[best_t]:.2f}x the best fixed count "
-          f"(-t {best_t}: {fixed[best_t]:.1f}; " + ", ".join(f"-t {t}: {r:.1f}" for t, r in fixed.items()) + ") (target >= 0.90)")
-    ok = pair / alone >= 1.0 and near / fixed[best_t] >= 0.9
-    print("targets met" if ok else "TARGET MISSED")
-    return 0 if ok else 1
-
+    print("next to a busy loop, fixed thread counts: " + ", ".join(f"-t {t}: {r:.1f}" for t, r in fixed.items()))
+    verdicts.append(compare(Comparison(f"next to a busy loop, tallow's choice / -t {best_t} (the best fixed count)",
+                                       lambda arm: with_stranger(env, None if arm == "subject" else best_t), 0.9,
+                                       False, args.reps, unit=" tok/s")))
+    return exit_code(verdicts)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,14 +1,18 @@
 """What KV reuse saves a chat: turn 10's time to first token with and without it.
 
 A 10-turn conversation on the default model grows to about 1,500 tokens of history.
-Turn 10 is measured three ways, side by side in one process:
+Turn 10 is measured in paired, alternating rounds in one process (tests/benchmarks/paired.py):
 
-  reuse    the history is in the KV cache (as in `tallow chat`): only the new message is read
-  full     the cache is cleared first: the whole history is prefilled again (a tool without reuse)
-  turn 1   the same new message with no history at all (attention over a long history still
-           costs something with reuse; this says how much)
+  reuse    (subject) the history is in the KV cache (as in `tallow chat`): only the new message is read
+  full     (reference) the cache is cleared first: the whole history is prefilled again (a tool
+           without reuse)
 
-Target: reuse <= 0.1x full.      python tests/benchmarks/chat_reuse.py [--reps 3]
+and, reported beside them, turn 1: the same new message with no history at all (attention
+over a long history still costs something with reuse; this says how much).
+
+Target: reuse <= 0.1x full. Exits 1 when missed, 3 when the machine was too noisy to say.
+
+    python tests/benchmarks/chat_reuse.py [--rounds 5]
 """
 
 from __future__ import annotations
@@ -38,14 +42,15 @@ def ttft(engine, request) -> tuple[float, int]:
     return final.timings.ttft_ms, final.usage.cached_tokens
 
 
-def main() -> None:
+def main() -> int:
     from benchmarks.overhead import default_model
+    from benchmarks.paired import Comparison, compare, exit_code
     from tallow.runtime.chat import ChatSettings, Conversation
     from tallow.runtime.engine import Engine
     from tallow.runtime.types import LoadSettings, Sampling
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--answer-tokens", type=int, default=96)
     args = ap.parse_args()
     greedy = Sampling(temperature=0)
@@ -54,31 +59,32 @@ def main() -> None:
         for i in range(9):
             list(conv.ask(message(i)))
         last = message(9)
-        history_prompt = engine.request(conv._all([]), max_tokens=1, sampling=greedy)
-        turn10 = engine.request(conv._all([{"role": "user", "content": last}]), max_tokens=1, sampling=greedy)
+        history = engine.request(conv.messages, max_tokens=1, sampling=greedy)
+        turn10 = engine.request([*conv.messages, {"role": "user", "content": last}], max_tokens=1, sampling=greedy)
         alone = engine.request([{"role": "user", "content": last}], max_tokens=1, sampling=greedy)
-        print(f"history before turn 10: {len(history_prompt.prompt_tokens)} tokens; "
+        print(f"history before turn 10: {len(history.prompt_tokens)} tokens; "
               f"turn 10 prompt: {len(turn10.prompt_tokens)} tokens; the new message alone: {len(alone.prompt_tokens)}")
-        results: dict[str, list[float]] = {"reuse": [], "full": [], "turn1": []}
-        for rep in range(args.reps):
+        turn1: list[float] = []
+
+        def measure(arm: str) -> float:
             engine.reset()
-            list(engine.stream(history_prompt))  # the cache holds the history, as after turn 9
-            t, cached = ttft(engine, turn10)
-            results["reuse"].append(t)
+            if arm == "subject":
+                list(engine.stream(history))  # the cache holds the history, as after turn 9
+                t, cached = ttft(engine, turn10)
+                assert cached >= len(history.prompt_tokens) - 8, cached  # all but the generation prompt
+                return t
+            t, _ = ttft(engine, turn10)
             engine.reset()
-            t_full, cached_full = ttft(engine, turn10)
-            results["full"].append(t_full)
-            engine.reset()
-            results["turn1"].append(ttft(engine, alone)[0])
-            print(f"  rep {rep + 1}: reuse {t:7.1f} ms ({cached} cached)   full {t_full:7.1f} ms ({cached_full} cached)"
-                  f"   turn 1 {results['turn1'][-1]:6.1f} ms")
-        med = {k: statistics.median(v) for k, v in results.items()}
-        ratio = med["reuse"] / med["full"]
-        print(f"\nmedian TTFT of turn 10: reuse {med['reuse']:.1f} ms, full prefill {med['full']:.1f} ms: "
-              f"ratio {ratio:.3f} (target <= 0.1: {'met' if ratio <= 0.1 else 'NOT met'})")
-        print(f"turn 1 with the same new message: {med['turn1']:.1f} ms; turn 10 with reuse costs "
-              f"{med['reuse'] / med['turn1']:.2f}x that (attention over {len(history_prompt.prompt_tokens)} tokens of history)")
+            turn1.append(ttft(engine, alone)[0])
+            return t
+
+        verdict = compare(Comparison("turn 10 TTFT, reuse / full prefill", measure, 0.1, True, args.rounds,
+                                     unit=" ms"))
+        print(f"turn 1 with the same new message: {statistics.median(turn1):.1f} ms; turn 10 with reuse costs "
+              f"{statistics.median(verdict.figures['subject']) / statistics.median(turn1):.2f}x that "
+              f"(attention over {len(history.prompt_tokens)} tokens of history)")
+    return exit_code([verdict])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,22 +3,24 @@ scheduler decodes one set per step and requests of different sets take turns.
 
 On the default model with a rank-16 adapter on every layer's Q and V (random, written here
 with gguf), N requests (64-token prompts, 64 new tokens, end-of-generation banned) are
-submitted together to one scheduler, in three arrangements, alternated round by round:
+submitted together to one scheduler, in three arrangements:
   same   all N with the adapter (one set: one decode call a step)
   mixed  N/2 with it and N/2 without (two sets: they take turns, step by step)
   halves the N/2 with it, then the N/2 without, one group after the other
-Aggregate decode tok/s = N x 63 / (last token - first decode token), the median over rounds.
+Aggregate decode tok/s = N x 63 / (last token - first decode token). Paired, alternating
+rounds (tests/benchmarks/paired.py): mixed against halves, the verdict; mixed against same,
+what mixing costs (no target).
 
 Target: mixed >= 0.9 x halves (taking turns costs no more than running the groups apart:
-nothing is lost to the switching itself); the ratio mixed / same is what mixing costs.
+nothing is lost to the switching itself). Exits 1 when missed, 3 when the machine was too
+noisy to say.
 
-    python tests/benchmarks/lora_mix.py [--model PATH] [--n 8] [--rounds 3]
+    python tests/benchmarks/lora_mix.py [--model PATH] [--n 8] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import threading
@@ -79,42 +81,44 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    from benchmarks.paired import Comparison, compare, exit_code
     from tallow.runtime.scheduling.scheduler import Scheduler
     from tallow.runtime.types import LoadSettings, LoraSpec, SchedulerSettings
 
     model = args.model or default_model()
     n, half = args.n, args.n // 2
+    on, off = (1.0,), (0.0,)
+    rng = np.random.default_rng(2)
+
+    def prompts() -> list[list[int]]:
+        return [[int(t) for t in rng.integers(100, 20000, N_PROMPT)] for _ in range(n)]
+
     with tempfile.TemporaryDirectory() as d:
         lora = adapter_for(model, Path(d) / "lora.gguf")
         sched = Scheduler.load([model], LoadSettings(n_ctx=n * (N_PROMPT + N_GEN + 16), loras=(LoraSpec(lora),)),
                                SchedulerSettings(parallel=n))
-        rng = np.random.default_rng(2)
-        figures: dict[str, list[float]] = {"same": [], "mixed": [], "halves": []}
+
+        def arrangement(name: str) -> float:
+            asked = prompts()
+            if name == "same":
+                return run(sched, asked, [on] * n)
+            if name == "mixed":
+                return run(sched, asked, [on, off] * half)
+            a, b = run(sched, asked[:half], [on] * half), run(sched, asked[half:], [off] * half)
+            return n * (N_GEN - 1) / (half * (N_GEN - 1) / a + half * (N_GEN - 1) / b)  # both groups' time, as one
+
         try:
-            for r in range(args.rounds):
-                prompts = [[int(t) for t in rng.integers(100, 20000, N_PROMPT)] for _ in range(n)]
-                on, off = (1.0,), (0.0,)
-                order = ["same", "mixed", "halves"] if r % 2 == 0 else ["halves", "mixed", "same"]
-                for arrangement in order:
-                    if arrangement == "same":
-                        figures["same"].append(run(sched, prompts, [on] * n))
-                    elif arrangement == "mixed":
-                        figures["mixed"].append(run(sched, prompts, [on, off] * half))
-                    else:  # one group, then the other: the time of both, as one figure
-                        a, b = run(sched, prompts[:half], [on] * half), run(sched, prompts[half:], [off] * half)
-                        figures["halves"].append(n * (N_GEN - 1) / (half * (N_GEN - 1) / a + half * (N_GEN - 1) / b))
+            verdict = compare(Comparison("mixed / halves", lambda arm: arrangement("mixed" if arm == "subject" else
+                                                                                   "halves"),
+                                         TARGET, False, args.rounds, unit=" tok/s"))
+            compare(Comparison("mixed / same (what mixing two sets costs)",
+                               lambda arm: arrangement("mixed" if arm == "subject" else "same"), 0.0, False,
+                               args.rounds, max_rounds=args.rounds, unit=" tok/s"))
         finally:
             sched.close()
-    med = {k: statistics.median(v) for k, v in figures.items()}
-    for k, v in figures.items():
-        print(f"{k:<7} {med[k]:7.1f} tok/s  (rounds: {', '.join(f'{x:.1f}' for x in v)})")
-    ratio = med["mixed"] / med["halves"]
-    print(f"mixed / same {med['mixed'] / med['same']:.2f}x (what mixing two sets costs); "
-          f"mixed / halves {ratio:.2f}x (target >= {TARGET})")
-    return 0 if ratio >= TARGET else 1
-
+    return exit_code([verdict])
 
 if __name__ == "__main__":
     sys.exit(main())

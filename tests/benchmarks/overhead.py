@@ -1,23 +1,25 @@
 """How much tallow's engine costs over the bare llama.cpp calls, measured side by side.
 
-Three implementations run the same work in one process, on the same model file,
-with the same threads and context size, interleaved so noise hits all of them:
+Two implementations run the same work in one process, on the same model file, with the
+same threads and context size, in paired, alternating rounds (tests/benchmarks/paired.py):
 
   minimal  a bare loop over the low-level calls: llama_decode + a greedy sampler in C
   tallow   tallow's Engine.stream (templates off, raw tokens in, events out)
-  llama    llama-cpp-python's high-level Llama.create_completion(stream=True)
+
+and, with --highlevel, llama-cpp-python's high-level Llama.create_completion(stream=True)
+against the same minimal loop, for reference (no target).
 
 Same definitions for all: prefill tok/s = prompt tokens / time to the first sampled
 token; decode tok/s = (N-1) / time from the first to the last sampled token.
-Target: tallow >= 97% of minimal in every case.
+Target: tallow >= 0.97x minimal on pp512, tg128 and the long decode. Exits 1 when one is
+missed, 3 when the machine was too noisy to say.
 
-    python tests/benchmarks/overhead.py [--model PATH] [--reps 3] [--long 4096]
+    python tests/benchmarks/overhead.py [--model PATH] [--rounds 7] [--long 4096] [--highlevel]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -133,49 +135,42 @@ class HighLevel:
         return len(prompt) / (t_first - t0), (n - 1) / (t_last - t_first)
 
 
-def main() -> None:
+def main() -> int:
+    from benchmarks.paired import Comparison, compare, compare_two, exit_code
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--long", type=int, default=4096, help="output tokens of the long decode test (0 to skip)")
-    ap.add_argument("--no-highlevel", action="store_true")
+    ap.add_argument("--highlevel", action="store_true", help="also llama-cpp-python's high-level API, for reference")
     args = ap.parse_args()
     path = args.model or default_model()
     n_ctx = N_PROMPT + max(128, args.long) + 16
-    tallow_impl = Tallow(path, n_ctx)  # first: it installs the log callback that keeps llama.cpp quiet
-    repack = tallow_impl.engine.extra_buffers  # the same weights on every side
-    impls = {"minimal": Minimal(path, n_ctx, repack), "tallow": tallow_impl}
-    if not args.no_highlevel:
-        impls["llama"] = HighLevel(path, n_ctx, repack)
-    tallow = impls["tallow"].engine
-    results: dict[tuple[str, str], list[float]] = {}
-    cases = [("tg128", 128, args.reps)] + ([(f"tg{args.long}", args.long, 2)] if args.long else [])
-    for impl in impls.values():  # warm-up: first decodes allocate and page in weights
-        impl.run(prompt_tokens(tallow, N_PROMPT, 0), 8)
-    for case, n_gen, reps in cases:
-        for rep in range(reps):
-            order = list(impls.items()) if rep % 2 == 0 else list(reversed(impls.items()))
-            for name, impl in order:
-                pp, tg = impl.run(prompt_tokens(tallow, N_PROMPT, rep + 1), n_gen)
-                results.setdefault((name, "pp512"), []).append(pp)
-                results.setdefault((name, case), []).append(tg)
-                print(f"  {case} rep {rep + 1} {name:8s} pp512 {pp:7.1f} tok/s  {case} {tg:7.1f} tok/s", flush=True)
-    print(f"\nmodel {path}, {THREADS} threads, ctx {n_ctx}, flash attention auto (llama: its default), "
-          f"repacked weights {'on' if repack else 'off'}")
-    print("medians over repetitions (tok/s)")
-    print(f"{'test':>8} {'minimal':>9} {'tallow':>9} {'llama':>9} {'tallow/min':>11} {'llama/min':>10}")
-    worst = 1.0
-    for case in ["pp512"] + [c for c, _, _ in cases]:
-        mean = {n: statistics.median(results[(n, case)]) for n in impls}
-        ratio = mean["tallow"] / mean["minimal"]
-        worst = min(worst, ratio)
-        hl = mean.get("llama")
-        print(f"{case:>8} {mean['minimal']:9.1f} {mean['tallow']:9.1f} {hl if hl else float('nan'):9.1f} "
-              f"{ratio:11.3f} {(hl / mean['minimal']) if hl else float('nan'):10.3f}")
-    print(f"\ntarget tallow/minimal >= 0.97: {'met' if worst >= 0.97 else 'NOT met'} (worst {worst:.3f})")
-    if worst < 0.97:
-        sys.exit(1)
+    tallow = Tallow(path, n_ctx)  # first: it installs the log callback that keeps llama.cpp quiet
+    repack = tallow.engine.extra_buffers  # the same weights on every side
+    minimal = Minimal(path, n_ctx, repack)
+    salt = iter(range(1, 1_000_000))
+
+    def pair(subject, n_gen: int):
+        def measure(arm: str) -> tuple[float, float]:
+            return (subject if arm == "subject" else minimal).run(prompt_tokens(tallow.engine, N_PROMPT, next(salt)),
+                                                                  n_gen)
+        return measure
+
+    print(f"model {path}, {THREADS} threads, ctx {n_ctx}, flash attention auto, "
+          f"repacked weights {'on' if repack else 'off'}; subject tallow, reference the minimal loop")
+    verdicts = compare_two(Comparison("pp512", pair(tallow, 128), 0.97, False, args.rounds, unit=" tok/s"),
+                           Comparison("tg128", lambda arm: 0.0, 0.97, False))
+    if args.long:
+        rounds = max(3, args.rounds // 2)
+        verdicts.append(compare(Comparison(f"tg{args.long}", lambda arm: pair(tallow, args.long)(arm)[1], 0.97, False,
+                                           rounds, max_rounds=rounds, unit=" tok/s")))
+    if args.highlevel:  # for reference: what the bindings' own high-level API costs
+        compare_two(Comparison("llama-cpp-python pp512", pair(HighLevel(path, n_ctx, repack), 128), 0.0, False,
+                               args.rounds, max_rounds=args.rounds, unit=" tok/s"),
+                    Comparison("llama-cpp-python tg128", lambda arm: 0.0, 0.0, False))
+    return exit_code(verdicts)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

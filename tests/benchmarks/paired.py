@@ -115,25 +115,34 @@ def compare(c: Comparison, echo: Callable[[str], None] = print) -> Verdict:
 
 def compare_two(c: Comparison, second: Comparison, echo: Callable[[str], None] = print) -> list[Verdict]:
     """Two figures from each measurement (a server round's throughput and its TTFT; a run's
-    prefill and decode rates): `c.measure(arm)` gives both as a pair. The rounds are `c`'s;
-    the second figure's ratios come from the very same rounds and are judged against
-    `second`'s target (its own `measure` is unused)."""
-    seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    prefill and decode rates): `c.measure(arm)` gives both as a pair (see compare_many)."""
+    return compare_many(c, [second], echo)
+
+
+def compare_many(c: Comparison, more: list[Comparison], echo: Callable[[str], None] = print) -> list[Verdict]:
+    """Several figures from each measurement: `c.measure(arm)` gives a tuple, `c`'s figure
+    first and then one for each of `more`. The rounds are `c`'s; the other figures' ratios
+    come from the very same rounds and are judged against their own targets (their own
+    `measure` is unused)."""
+    rest: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in ARMS}
 
     def first(arm: str) -> float:
-        one, two = c.measure(arm)  # a pair here
-        seconds[arm].append(two)
+        one, *others = c.measure(arm)  # a tuple here
+        rest[arm].append(tuple(others))
         return one
 
     verdict = compare(Comparison(c.name, first, c.target, c.lower_is_better, c.rounds, c.warmup, c.max_rounds,
                                  c.unit), echo)
-    skip = len(seconds["subject"]) - len(verdict.ratios)  # the warm-up rounds
-    kept = {arm: v[skip:] for arm, v in seconds.items()}
-    ratios = [s / r for s, r in zip(kept["subject"], kept["reference"])]
-    other = Verdict(second.name, ratios, kept, verdict.load, judge(ratios, second.target, second.lower_is_better),
-                    second.target, second.lower_is_better)
-    echo(other.line())
-    return [verdict, other]
+    skip = len(rest["subject"]) - len(verdict.ratios)  # the warm-up rounds
+    verdicts = [verdict]
+    for i, other in enumerate(more):
+        kept = {arm: [figures[i] for figures in v[skip:]] for arm, v in rest.items()}
+        ratios = [s / r for s, r in zip(kept["subject"], kept["reference"])]
+        verdicts.append(Verdict(other.name, ratios, kept, verdict.load,
+                                judge(ratios, other.target, other.lower_is_better), other.target,
+                                other.lower_is_better))
+        echo(verdicts[-1].line())
+    return verdicts
 
 
 def exit_code(verdicts: list[Verdict]) -> int:

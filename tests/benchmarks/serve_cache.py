@@ -2,9 +2,13 @@
 once, each time to a fresh server process: cold (an empty disk prompt cache), then warm (the
 system prompt saved by the cold run, loaded into each slot from disk).
 
-    python tests/benchmarks/serve_cache.py
+    python tests/benchmarks/serve_cache.py [--rounds 3]
 
-Prints the median TTFT of both and their ratio; exits non-zero unless warm <= 0.2x cold.
+Paired, alternating rounds (tests/benchmarks/paired.py), each arm in a home of its own: the
+reference a cold server, the subject a warm one (after an untimed cold one saved the system
+prompt). An arm's figure is the median TTFT of its 8 requests. Target: warm <= 0.2x cold,
+every warm request's prefix from disk. Exits 1 when missed, 3 when the machine was too
+noisy to say.
 """
 
 from __future__ import annotations
@@ -79,31 +83,44 @@ def fresh_server(model: Path, env: dict) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> int:
+    import argparse
+
     from helpers.processes import shared_home
 
     from benchmarks.llamabench import tallow_env
+    from benchmarks.paired import Comparison, compare, exit_code
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
     home_dir = shared_home()
     model = next((home_dir / "models" / "blobs").glob("*"))
     system = system_prompt(model)
-    results = {}
-    with tempfile.TemporaryDirectory() as home:  # an empty prompt cache
-        env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(home_dir / "machine.json"))
-        for phase in ("cold", "warm"):
-            proc, url = fresh_server(model, env)
-            try:
-                results[phase] = round_of(url, system)
-            finally:
-                proc.terminate()
-                proc.wait(30)
-    cold, warm = (statistics.median(t for t, _, _ in results[p]) for p in ("cold", "warm"))
-    for phase in ("cold", "warm"):
-        rows = results[phase]
-        sources = sorted({s or "none" for _, _, s in rows})
-        print(f"{phase}: median TTFT {statistics.median(t for t, _, _ in rows):8.0f} ms, cached tokens "
-              f"{min(c for _, c, _ in rows)}-{max(c for _, c, _ in rows)} ({', '.join(sources)})")
-    print(f"warm / cold: {warm / cold:.3f}x (target <= 0.2x)")
-    return 0 if warm <= 0.2 * cold and all(s == "disk" for _, _, s in results["warm"]) else 1
+    warm_rows: list = []
+
+    def served(env: dict) -> list:
+        proc, url = fresh_server(model, env)
+        try:
+            return round_of(url, system)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    def measure(arm: str) -> float:
+        with tempfile.TemporaryDirectory() as home:  # an empty prompt cache
+            env = tallow_env(Path(home), TALLOW_MACHINE_CACHE=str(home_dir / "machine.json"))
+            if arm == "subject":
+                served(env)  # untimed: the cold server saves the system prompt
+            rows = served(env)
+        if arm == "subject":
+            warm_rows.extend(rows)
+        return statistics.median(t for t, _, _ in rows)
+
+    verdict = compare(Comparison("median TTFT, warm / cold", measure, 0.2, True, args.rounds, unit=" ms"))
+    sources = sorted({s or "none" for _, _, s in warm_rows})
+    print(f"warm requests: cached tokens {min(c for _, c, _ in warm_rows)}-{max(c for _, c, _ in warm_rows)} "
+          f"({', '.join(sources)})")
+    return exit_code([verdict]) or (0 if sources == ["disk"] else 1)
 
 
 if __name__ == "__main__":
