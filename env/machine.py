@@ -45,6 +45,21 @@ class LazyProfile:
             self._profile = machine_profile(self._threads)
         return getattr(self._profile, name)
 
+    def saw(self, why: str) -> None:
+        """A run's speed said the calibration does not hold here (runtime/calibration/watch.py):
+        said once, and kept with the profile, whose choices fall back to llama.cpp's defaults
+        until it is measured again (a server's quiet moment, or tallow doctor --recalibrate)."""
+        from tallow.runtime.calibration.machine import note_seen
+
+        if self._profile is None:
+            return
+        sys.stderr.write(f"note: {why}; tallow uses llama.cpp's defaults until it measures this machine again "
+                         "(tallow doctor --recalibrate)\n")
+        try:
+            note_seen(settings.machine_cache(), self._profile.key, why)
+        except OSError:
+            pass  # the note was said; a profile that cannot be written is measured again anyway
+
 
 def load_settings(ctx: int | None, threads: int | None, gpu_layers: str, flash_attn: str):
     """LoadSettings from checked values and the CLI's settings: the context cap, debug logs,

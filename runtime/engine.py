@@ -16,6 +16,7 @@ from typing import Sequence as Seq
 
 from tallow.models.convert.bert_import import POOLING
 from tallow.runtime.adapters import Adapters
+from tallow.runtime.calibration.watch import DepthWatch
 from tallow.runtime.drafting.recall import Recall
 from tallow.runtime.drafting.speculative import LookupDrafter
 from tallow.runtime.errors import ContextOverflow, DraftError
@@ -27,6 +28,7 @@ from tallow.runtime.loadplan import (
     choose_flash_attn,
     context_notes,
     default_context,
+    depth_prediction,
     extra_buffers,
     gpu_layer_count,
     plan_memory,
@@ -59,6 +61,7 @@ class Engine:
         shape = read_shape(paths) if settings.check_memory or settings.flash_attn == "auto" else None
         check_kv_types(paths, settings, shape)
         self.flash_attn = choose_flash_attn(settings, shape, offload)
+        self.watch, self.machine = DepthWatch(depth_prediction(settings, shape, self.flash_attn)), settings.machine
         # The encoder's attention runs flash unless told off: it never materialises the scores
         # of every patch pair, which for a large picture are gigabytes (docs/DESIGN.md, "Media").
         encoder_flash = settings.flash_attn != "off"
@@ -421,7 +424,9 @@ class Engine:
             self.pace()
             base = len(kv)
             if drafter is None:
+                began = time.perf_counter()
                 ctx.decode([token], seq.next_pos, _SEQ)
+                self.watch.seen(base, time.perf_counter() - began)
                 kv.append(token)
                 sampled, guesses = [(-1, sample(ctx, -1))], 0
                 continue
@@ -468,6 +473,8 @@ class Engine:
         self.governor.pace(self.ctx)
 
     def close(self) -> None:
+        if getattr(self, "watch", None) is not None:
+            self.watch.report(self.machine, self.governor.threads)
         if getattr(self, "projector", None) is not None:
             self.projector.close()
             self.projector = None

@@ -91,6 +91,17 @@ def choose_flash_attn(settings: LoadSettings, shape, offload_supported: bool = F
     return settings.machine.flash_attn_for(shape, work)
 
 
+def depth_prediction(settings: LoadSettings, shape, mode: str) -> float | None:
+    """What a context checks its decode speed against (runtime/calibration/watch.py): the
+    calibration's growth of a step's time per position of depth, where the calibration made
+    the flash-attention choice (one sequence, "auto", a V cache either mode takes); else None."""
+    machine = settings.machine
+    if settings.flash_attn != "auto" or settings.n_seq_max > 1 or machine is None or shape is None \
+            or settings.type_v not in ("f16", "bf16", "f32") or machine.busy or machine.seen:
+        return None
+    return machine.decode_slope(shape, mode)
+
+
 def extra_buffers(settings: LoadSettings) -> bool:
     """The load's own choice, else the machine's repack verdict; without one, extra buffers
     only where no type needs a probe."""

@@ -148,7 +148,8 @@ def _fa_summary(prof) -> dict | None:
         return {"error": prof.timing_error} if prof.timing_error else None
     noise = {mode: round(100 * max(s.values()), 1) for mode, s in (prof.spread or {}).items()}
     return {"depth": t["_depth"], **{mode: {k: round(1 / v, 1) for k, v in t[mode].items()} for mode in ("on", "off")},
-            "unit": "tokens/s on the calibration model", "noise_pct": noise, "load": prof.load, "busy": prof.busy}
+            "unit": "tokens/s on the calibration model", "noise_pct": noise, "load": prof.load, "busy": prof.busy,
+            "seen": prof.seen or None}
 
 
 def _fa_row(f: dict) -> str:
@@ -156,7 +157,9 @@ def _fa_row(f: dict) -> str:
         return f["error"]
     noise = ", ".join(f"{mode} {pct:g}%" for mode, pct in f["noise_pct"].items()) or "?"
     verdict = ("measured while busy: llama.cpp's default until `tallow doctor --recalibrate` on a quiet machine"
-               if f["busy"] else "chosen per context, off only where it wins by more than the noise")
+               if f["busy"] else f"a run found it wrong ({f['seen']}): llama.cpp's default until "
+               "`tallow doctor --recalibrate`" if f.get("seen") else
+               "chosen per context, off only where it wins by more than the noise")
     return (f"decode tok/s at depth 0 / {f['depth']}: on {f['on']['decode_0']:.0f} / {f['on']['decode_deep']:.0f}, "
             f"off {f['off']['decode_0']:.0f} / {f['off']['decode_deep']:.0f} (calibration model; noise {noise}; "
             f"load {f['load']}; {verdict})")

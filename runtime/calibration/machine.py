@@ -62,6 +62,7 @@ class Profile:
     spread: dict | None = None  # per mode and measurement: the second best round's excess over the best (the noise)
     load: float | None = None  # the machine's 1-minute load average as the calibration began
     busy: bool = False  # ... over BUSY of its CPUs: the timings are kept, but not acted on
+    seen: str = ""  # why a run's speed said the timings do not hold here (runtime/calibration/watch.py): not acted on
     calibrated_at: float = field(default_factory=time.time)
     seconds: float = 0.0  # what the calibration cost
 
@@ -71,16 +72,31 @@ class Profile:
     def flash_attn_for(self, shape, work: Workload) -> str:
         """'on' or 'off' for `work` on a model of this `shape` (models.memory.Shape): the
         mode the timings say is cheaper by more than their noise, else llama.cpp's default
-        (runtime/calibration/flash.py); the default when nothing was measured, or when it was
-        measured on a busy machine (where a measurement can be slowed a hundredfold)."""
+        (runtime/calibration/flash.py); the default when nothing was measured, when it was
+        measured on a busy machine (where a measurement can be slowed a hundredfold), or when
+        a run's speed said the timings do not hold (`seen`)."""
         from tallow.runtime.calibration.flash import DEFAULT, choose
-        from tallow.runtime.calibration.probe_model import HEAD_DIM, N_HEAD, N_LAYER
+        from tallow.runtime.calibration.probe_model import N_LAYER
 
-        if not self.timings or shape is None or self.busy:
+        if not self.timings or shape is None or self.busy or self.seen:
             return DEFAULT
         layers = shape.n_layer / N_LAYER  # per-token overhead of each path scales with the layers
-        width = shape.n_layer * shape.n_embd / (N_LAYER * N_HEAD * HEAD_DIM)  # attention work per depth
-        return choose(self.timings, self.spread, layers, width, work.prompt_tokens, work.decode_tokens)
+        return choose(self.timings, self.spread, layers, _width(shape), work.prompt_tokens, work.decode_tokens)
+
+    def decode_slope(self, shape, mode: str) -> float | None:
+        """Seconds a decode step of a model of this `shape` grows by per position of depth,
+        with flash attention `mode`, as the timings predict (None: no timings to say)."""
+        if not self.timings or shape is None or mode not in ("on", "off"):
+            return None
+        t = self.timings[mode]
+        return (t["decode_deep"] - t["decode_0"]) / self.timings["_depth"] * _width(shape)
+
+
+def _width(shape) -> float:
+    """A model's attention work per position of depth, in the calibration model's."""
+    from tallow.runtime.calibration.probe_model import HEAD_DIM, N_HEAD, N_LAYER
+
+    return shape.n_layer * shape.n_embd / (N_LAYER * N_HEAD * HEAD_DIM)
 
 
 def cpu_facts() -> dict:
@@ -288,6 +304,19 @@ def keep(path: Path, found: Profile) -> None:
         profiles = _read(path).get("profiles", {})
         profiles[found.key] = found.to_dict()
         _write(path, profiles)
+
+
+def note_seen(path: Path, key: str, why: str) -> None:
+    """Mark the stored profile `key`: a run's speed said its timings do not hold here (its
+    choices fall back to llama.cpp's defaults until it is measured again)."""
+    if not path.exists():
+        return
+    with open(path.with_suffix(".lock"), "a") as lock:
+        _lock(lock)
+        profiles = _read(path).get("profiles", {})
+        if key in profiles:
+            profiles[key]["seen"] = why
+            _write(path, profiles)
 
 
 def profile(path: Path, opts: ProbeOptions, notice: Callable[[str], None] = lambda s: None,

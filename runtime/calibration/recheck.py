@@ -2,8 +2,9 @@
 trusted (docs/DESIGN.md, "Calibration").
 
 A calibration taken while the machine was busy keeps its timings but is not acted on
-(llama.cpp's defaults stand), and one whose timings were implausible twice kept none: left
-alone, either would stand for ever. A server has quiet moments that a single run does not,
+(llama.cpp's defaults stand), one whose timings were implausible twice kept none, and one
+that a run found wrong in use (its decode slowed with depth well past the prediction:
+runtime/calibration/watch.py) is not acted on either: left alone, each would stand for ever. A server has quiet moments that a single run does not,
 so its front calls `Recheck.tick` now and then, on a thread of its own: when the stored
 profile is one of those, nothing has been asked of the server for `quiet_s`, and the
 machine's load is under calibration's own bar for busy, it measures again in a child at a
@@ -32,6 +33,8 @@ def untrusted(profile: Any) -> str | None:
         return "the machine was busy when it was measured" + (f" (load {load:.2f})" if load is not None else "")
     if "implausible" in (getattr(profile, "timing_error", "") or ""):
         return "its timings were implausible"
+    if getattr(profile, "seen", ""):
+        return f"a run saw its prediction fail: {profile.seen}"
     return None
 
 
