@@ -23,10 +23,6 @@ export async function loadTools(guarded) {
   return { tools: offered, failed };
 }
 
-export function serverTools() {
-  return offered;
-}
-
 const served = (name) => offered.some((t) => t.function.name === name);
 
 // The calls of this round, when the page runs them all (every one is a server's tool)
@@ -35,9 +31,11 @@ export function runnable(turn) {
   return fresh.length && fresh.every((c) => served(c.function.name)) ? fresh : [];
 }
 
-// Each call asked for, run (or denied) in turn; Stop ends the wait and the turn
+// Each call asked for, run (or denied) in turn; Stop ends the wait and the turn. Settled
+// calls are passed over, so asking again after the key dialog runs none twice.
 export async function settle(calls, node, signal, round) {
   for (const call of calls) {
+    if (call.result !== undefined) continue;
     call.round = round;
     const allowed = await approve(node, call, signal);
     if (signal.aborted) throw new DOMException("stopped", "AbortError");
