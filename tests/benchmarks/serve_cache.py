@@ -89,12 +89,15 @@ def main() -> int:
 
     from benchmarks.llamabench import tallow_env
     from benchmarks.paired import Comparison, compare, exit_code
+    from tallow.models.resolve import locate
+    from tallow.models.store import Store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     home_dir = shared_home()
-    model = next((home_dir / "models" / "blobs").glob("*"))
+    # the default model by name: the shared store's blobs hold others too (an embedding model)
+    model = locate("smollm2:135m", Store(home_dir / "models")).path
     system = system_prompt(model)
     warm_rows: list = []
 
