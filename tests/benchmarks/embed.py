@@ -1,6 +1,6 @@
 """Embeddings per second: tallow's embedder against a minimal llama.cpp embedding loop, on
 all-MiniLM-L6-v2 (converted from its wheel), 1,000 sentences of about 20 tokens, the same
-batch size, sequences per decode and threads, in one run, in paired, alternating rounds
+batch size, sequences per decode, threads and weight layout (extra buffers as tallow chose), in one run, in paired, alternating rounds
 (tests/benchmarks/paired.py).
 
     python tests/benchmarks/embed.py [--model PATH] [--reps 7] [--batch 512] [--threads 2]
@@ -51,14 +51,16 @@ def minilm() -> Path:
 class BareLoop:
     """llama.cpp's embedding loop on the low-level bindings, nothing else."""
 
-    def __init__(self, path: Path, n_batch: int, n_seq: int, threads: int) -> None:
+    def __init__(self, path: Path, n_batch: int, n_seq: int, threads: int, extra_buffers: bool) -> None:
         import llama_cpp.llama_cpp as C
 
         from tallow.runtime import backend
 
         self.C = C
         backend.init()  # the same library, initialised once; its log callback keeps llama.cpp quiet
-        self.model = C.llama_model_load_from_file(str(path).encode(), C.llama_model_default_params())
+        mp = C.llama_model_default_params()
+        mp.use_extra_bufts = extra_buffers  # the weights' layout tallow chose: the same kernels on both sides
+        self.model = C.llama_model_load_from_file(str(path).encode(), mp)
         p = C.llama_context_default_params()
         p.n_ctx = p.n_batch = p.n_ubatch = n_batch
         p.n_seq_max, p.n_threads, p.n_threads_batch = n_seq, threads, threads
@@ -158,8 +160,8 @@ def main() -> int:
     args = ap.parse_args()
     path = args.model or minilm()
     texts = sentences()
-    bare = BareLoop(path, args.batch, args.seqs, args.threads)
     embedder, ours = tallow_embedder(path, args.batch, args.seqs, args.threads)
+    bare = BareLoop(path, args.batch, args.seqs, args.threads, embedder.engine.extra_buffers)
     n_tokens = sum(len(bare.tokenize(t)) for t in texts)
     print(f"{path.name}: {len(texts)} sentences, {n_tokens / len(texts):.1f} tokens each, batch {args.batch}, "
           f"{args.seqs} sequences per decode, {args.threads} threads")
