@@ -14,6 +14,7 @@ import typer
 
 from tallow.cli.flag_groups import FlagGroup
 from tallow.cli.render import err_console
+from tallow.client.mcp.config import CALL_S, MAX_STEPS
 
 
 class McpFlags(FlagGroup):
@@ -22,8 +23,8 @@ class McpFlags(FlagGroup):
     mcp: Annotated[Optional[Path], typer.Option("--mcp", help="Offer the tools of the MCP servers in this mcpServers JSON file (Claude Desktop's and Cursor's format); run the calls the model makes.", show_default=False)] = None
     yes: Annotated[bool, typer.Option("--yes", help="With --mcp: allow every tool call without asking.")] = False
     allow_tool: Annotated[Optional[list[str]], typer.Option("--allow-tool", help="With --mcp: allow calls to this tool (SERVER_TOOL) without asking (repeatable).", show_default=False)] = None
-    max_steps: Annotated[int, typer.Option("--max-steps", min=1, max=64, help="With --mcp: tool calls made before the model must answer.")] = 8
-    tool_timeout: Annotated[float, typer.Option("--tool-timeout", min=0.1, max=3600.0, help="With --mcp: seconds a tool call may take before it is an error the model reads.")] = 60.0
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1, max=64, help="With --mcp: tool calls made before the model must answer.")] = MAX_STEPS
+    tool_timeout: Annotated[float, typer.Option("--tool-timeout", min=0.1, max=3600.0, help="With --mcp: seconds a tool call may take before it is an error the model reads.")] = CALL_S
 
     def given(self) -> dict[str, bool]:
         return {"--mcp": self.mcp is not None}
@@ -95,7 +96,7 @@ class Spoken:
         return fresh
 
 
-def open_hub(config: Path, offline: bool, call_s: float = 60.0):
+def open_hub(config: Path, offline: bool, call_s: float = CALL_S):
     """The configuration's servers, started, their tools listed; one line for each that failed."""
     from tallow.client.mcp.config import read_config
     from tallow.client.mcp.hub import McpHub

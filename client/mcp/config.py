@@ -12,6 +12,11 @@ from pathlib import Path
 from tallow.common.errors import TallowError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+# The limits of a session with the servers, declared here (a light module) so that the CLI's
+# flag defaults derive from them without importing the SDK's event loop at start-up.
+START_S = 30.0  # seconds a server may take to start and list its tools
+CALL_S = 60.0  # seconds a tool call may take before it is an error the model reads
+MAX_STEPS = 8  # tool calls made before the model must answer
 STDIO, HTTP = ("stdio",), ("http", "streamable-http", "streamableHttp")
 
 

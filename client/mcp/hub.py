@@ -17,11 +17,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tallow.client.mcp.config import ServerSpec
+from tallow.client.mcp.config import CALL_S, START_S, ServerSpec
 from tallow.common.errors import TallowError
 
-START_S = 30.0
-CALL_S = 60.0
 MAX_RESULT = 64_000  # characters of a result the model reads; the rest is cut, and it says so
 
 

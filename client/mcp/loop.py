@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tallow.client.mcp.config import MAX_STEPS
 from tallow.client.mcp.hub import McpHub
 from tallow.common.errors import TallowError
 from tallow.runtime.answer import Answer
@@ -17,8 +18,6 @@ from tallow.runtime.answer import Outcome as Said
 from tallow.runtime.tools.choice import Tool, ToolChoice
 from tallow.runtime.tools.stream import Delta
 from tallow.runtime.types import FinalEvent, ProgressEvent
-
-MAX_STEPS = 8
 
 
 @dataclass
