@@ -424,9 +424,10 @@ class Engine:
             self.pace()
             base = len(kv)
             if drafter is None:
-                began = time.perf_counter()
+                began = time.perf_counter() if self.watch.predicted else 0.0  # timed only when checked
                 ctx.decode([token], seq.next_pos, _SEQ)
-                self.watch.seen(base, time.perf_counter() - began)
+                if began:
+                    self.watch.seen(base, time.perf_counter() - began)
                 kv.append(token)
                 sampled, guesses = [(-1, sample(ctx, -1))], 0
                 continue
@@ -455,7 +456,7 @@ class Engine:
             return LookupDrafter(text_only(request.prompt_tokens), request.prediction, memory, run.usage)
         if request.draft == "model" and self.drafts is not None:
             run.usage.draft = self.drafts.name
-            return self.drafts.drafter(seq_id, text_only(request.prompt_tokens))
+            return self.drafts.drafter(seq_id, text_only(request.prompt_tokens), request.tenant)
         return None
 
     def reset(self) -> None:
