@@ -155,10 +155,11 @@ def test_drafting_stops_when_enough_sequences_share_the_step():
 def lone_drafter(costs: StepCosts, acceptance: float = 0.2):
     from types import SimpleNamespace
 
-    from tallow.runtime.drafting.draft_model import ModelDrafter
+    from tallow.runtime.drafting.draft_model import ModelDrafter, TenantPriors
     from tallow.runtime.types import DraftLimits
 
-    owner = SimpleNamespace(limits=DraftLimits(), costs=costs, sequence=lambda seq: SimpleNamespace(kv=[]))
+    owner = SimpleNamespace(limits=DraftLimits(), costs=costs, sequence=lambda seq: SimpleNamespace(kv=[]),
+                            priors=TenantPriors())
     drafter = ModelDrafter(owner, 0, [])
     drafter.acceptance = acceptance
     return drafter
@@ -191,6 +192,41 @@ def test_a_draft_that_cannot_pay_is_never_probed():
     # where one right token does not pay but sixteen would, a right probe is followed at once
     costs = measured(plain=15.9, row=3.1, draft=6.6, catch_up=12.3)
     assert probes(lone_drafter(costs), 8, right=True) == list(range(1, 9))
+
+
+def test_a_tenants_new_request_starts_from_its_earlier_requests_drafts():
+    from types import SimpleNamespace
+
+    from tallow.runtime.drafting.draft_model import FIRST_ACCEPTANCE, PROBE_EVERY, ModelDrafter, Prior, TenantPriors
+    from tallow.runtime.types import DraftLimits
+
+    owner = SimpleNamespace(limits=DraftLimits(), costs=StepCosts(0.1), priors=TenantPriors(),
+                            sequence=lambda seq: SimpleNamespace(kv=[]))
+    first = ModelDrafter(owner, 0, [], tenant="a")
+    assert (first.acceptance, first.patience) == (FIRST_ACCEPTANCE, PROBE_EVERY)  # nothing known yet
+    for _ in range(9):
+        first.outcome(10, 10)
+    first.outcome(0, 10)
+    first.extend(range(200))  # 90 of 100 drafted tokens accepted, 90 of the 200 written
+    second = ModelDrafter(owner, 0, [], tenant="a")
+    assert second.acceptance == 0.9 and second.patience == 3  # 32 (1 - 2 x 0.45)
+    assert ModelDrafter(owner, 1, [], tenant="b").patience == PROBE_EVERY  # never another tenant's
+    second.outcome(0, 4)  # its opening guess is wrong: the next probe comes 3 idle steps on, not 32
+    assert second.probe_every == 3
+    second.outcome(0, 4)
+    second.extend(range(100))  # none of 8 drafted, none of 100 written: the prior halves
+    assert ModelDrafter(owner, 0, [], tenant="a").prior == Prior(0.45, 0.225)
+
+
+def test_a_lucky_guess_the_draft_was_unsure_of_is_not_followed_by_another_probe():
+    drafter = lone_drafter(StepCosts(0.1))
+    assert drafter.length(64) == 1 and drafter.probing
+    drafter.sure = False  # its guess was under p_min (DraftContext._extend marks it)
+    drafter.outcome(1, 1)
+    assert drafter.probe_every == drafter.patience > 1
+    drafter.sure = True
+    drafter.outcome(1, 1)
+    assert drafter.probe_every == 1  # a sure guess that was right: look again at the next step
 
 
 def test_a_probe_over_another_requests_cells_drafts_from_a_window():

@@ -25,7 +25,9 @@ whole steps (runtime/drafting/draft_costs.py).
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tallow.models.draft_pick import VOCAB_SIZE_TOLERANCE
@@ -37,10 +39,12 @@ from tallow.runtime.types import ContextParams, DraftLimits
 FIRST_CHECKED = 5  # token texts are compared from this id on: the first few are control tokens that models name apart
 PROBE_EVERY = 32  # steps without a draft before one token is drafted to measure acceptance again
 PROBE_MOST = 512  # ... four times as long after each probe that finds nothing, up to this
-PROBE_WINDOW = 8  # a probe evaluates at most this much of the latest text, not all the draft missed
+PROBE_WINDOW = 16  # a probe evaluates at most this much of the latest text, not all the draft missed
 SMOOTHING = 0.3  # weight of the latest step in the acceptance estimate
 ALWAYS_RIGHT = 0.99  # the acceptance of a draft that is (nearly) always right: the best a draft can do
 EXPLORE_AT = 0.9  # at this acceptance a lone sequence drafts longer than the timed calls reach, to time them
+FIRST_ACCEPTANCE = 0.7  # a new request's acceptance when nothing is known of its tenant's
+TENANTS = 64  # tenants whose acceptance is remembered per draft model (the least recently seen forgotten)
 
 
 def vocabulary_difference(target, draft) -> str | None:
@@ -108,6 +112,52 @@ def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextPa
     return DraftContext(model, ctx, limits, size / target_size, name or paths[0].name)
 
 
+class Tally:
+    """One request's drafts: the tokens accepted, of those drafted, and of those written."""
+
+    __slots__ = ("accepted", "drafted", "written")
+
+    def __init__(self) -> None:
+        self.accepted = self.drafted = self.written = 0
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What a tenant's earlier requests say of the draft: the share of drafted tokens
+    accepted, and the share of written tokens that were accepted drafts."""
+
+    share: float
+    covered: float
+
+
+class TenantPriors:
+    """Where a tenant's new request starts: its earlier requests' `Prior`, the latest
+    weighing half. A request starts its acceptance estimate at the share, and its patience
+    (the steps after a wrong guess before the next probe) shrinks as the covered share
+    grows: a server asked the same kind of thing again (an agent's loop, a chat, a
+    benchmark) drafts again a few steps after the request's unpredictable opening, while
+    one whose drafts seldom carried an answer keeps probing rarely, since a probe after g
+    skipped tokens costs their catch-up, about 3 ms each on a 135M Q4_1 draft. Kept per
+    tenant (API key), as recall is: one team member's text must not set another's decode
+    speed."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[str | None, tuple[Prior | None, Tally]] = OrderedDict()
+
+    def start(self, tenant: str | None) -> tuple[Prior | None, Tally]:
+        """The tenant's prior (None: nothing known) and the new request's tally; the request
+        before it is folded into the prior now (it has ended, or is far along)."""
+        prior, last = self._seen.pop(tenant, (None, None))
+        if last is not None and last.drafted and last.written:
+            now = Prior(last.accepted / last.drafted, last.accepted / last.written)
+            prior = now if prior is None else Prior((prior.share + now.share) / 2, (prior.covered + now.covered) / 2)
+        tally = Tally()
+        self._seen[tenant] = (prior, tally)
+        if len(self._seen) > TENANTS:
+            self._seen.popitem(last=False)
+        return prior, tally
+
+
 class DraftContext:
     """A loaded draft model and its context, shared by every sequence of one target context."""
 
@@ -115,13 +165,14 @@ class DraftContext:
         self.model, self.ctx, self.limits, self.name = model, ctx, limits, name
         self.costs = StepCosts(cost)  # a draft token's decode and a verified row, in target decodes
         self._sequences: dict[int, Sequence] = {}
+        self.priors = TenantPriors()
 
     def sequence(self, seq_id: int) -> Sequence:
         """The draft's cells for a target sequence id; kept between requests (prefix reuse)."""
         return self._sequences.setdefault(seq_id, Sequence(self.ctx, seq_id))
 
-    def drafter(self, seq_id: int, prompt: list[int]) -> ModelDrafter:
-        return ModelDrafter(self, seq_id, prompt)
+    def drafter(self, seq_id: int, prompt: list[int], tenant: str | None = None) -> ModelDrafter:
+        return ModelDrafter(self, seq_id, prompt, tenant)
 
     def close(self) -> None:
         self.ctx.close()
@@ -158,6 +209,7 @@ class DraftContext:
                 token, p = _top(self.ctx.logit_row(rows[id(d)], n_vocab))
                 if p < self.limits.p_min and not d.probing:  # a probe's guess is verified however unsure
                     continue
+                d.sure = p >= self.limits.p_min
                 out[id(d)].append(token)
                 if len(out[id(d)]) >= n:
                     continue  # the last draft token is evaluated with the next catch-up, if it is kept
@@ -232,19 +284,26 @@ class ModelDrafter:
     """One sequence's drafts from the draft model, with the interface of LookupDrafter. Its
     draft cells hold history[start:]: from the start, or, after a probe, a short window."""
 
-    def __init__(self, owner: DraftContext, seq_id: int, prompt: list[int]) -> None:
-        self.owner = owner
+    def __init__(self, owner: DraftContext, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
+        self.owner, self.tenant = owner, tenant
         self.seq = owner.sequence(seq_id)
         self.history = list(prompt)
         self.start = 0  # the history index the draft's cell 0 holds
-        self.acceptance = 0.7
+        self.prior, self.tally = owner.priors.start(tenant)  # the tenant's earlier requests (TenantPriors)
+        prior = self.prior
+        self.acceptance = FIRST_ACCEPTANCE if prior is None else prior.share
+        # steps after a wrong guess before the next probe (TenantPriors says why)
+        self.patience = PROBE_EVERY if prior is None else max(1, round(PROBE_EVERY * max(0.0, 1 - 2 * prior.covered)))
         self.idle = 0  # steps since the last draft
-        self.probe_every = 1  # the first step probes; then PROBE_EVERY, four times longer while probes find nothing
+        self.probe_every = 1  # the first step probes; then `patience`, four times longer while probes find nothing
         self.window = False  # the next catch-up evaluates only the last PROBE_WINDOW tokens
         self.probing = False  # this step's draft is a probe: one token, proposed whatever p_min says
+        self.sure = True  # the draft's last guess was over p_min
 
     def extend(self, tokens) -> None:
+        before = len(self.history)
         self.history.extend(tokens)
+        self.tally.written += len(self.history) - before
 
     def length(self, room: int, busy: int = 1) -> int:
         """This step's draft length, from the acceptance seen so far and how many sequences
@@ -266,7 +325,7 @@ class ModelDrafter:
             # the draft missed; rarer each time it finds nothing (outcome undoes the backoff
             # when it finds something).
             k, self.probing = 1, True
-            if self.probe_every >= PROBE_EVERY:
+            if self.probe_every >= self.patience:
                 self.probe_every = min(4 * self.probe_every, PROBE_MOST)
             # what the cells hold may be another request's (a window of it): only their common
             # prefix with this history is kept, so that is what the gap is measured from
@@ -311,11 +370,12 @@ class ModelDrafter:
         if proposed:
             step = accepted / proposed
             self.acceptance += SMOOTHING * (step - self.acceptance)
+            self.tally.accepted, self.tally.drafted = self.tally.accepted + accepted, self.tally.drafted + proposed
             # Right: while a long draft that is always right could pay, look again at the
             # next step, so that a run of right guesses raises the estimate to where drafting
-            # pays within a few tokens, not a few probes of 32. Wrong: every PROBE_EVERY
+            # pays within a few tokens, not a few probes of 32. Wrong: every `patience`
             # steps, four times longer after each.
-            if accepted:
-                self.probe_every = 1 if self._worth_looking(self.owner.limits.max, 1) else PROBE_EVERY
-            elif self.probe_every < PROBE_EVERY:
-                self.probe_every = PROBE_EVERY
+            if accepted:  # a lucky guess the draft was unsure of is no sign of predictable text
+                self.probe_every = 1 if self.sure and self._worth_looking(self.owner.limits.max, 1) else self.patience
+            elif self.probe_every < self.patience:
+                self.probe_every = self.patience
