@@ -1,15 +1,16 @@
 """tallow against llama.cpp's llama-bench on whatever GPU backend the installed llama.cpp has
 (the Vulkan lane on lavapipe here, CUDA on an NVIDIA GPU): the default model, every layer
-offloaded, flash attention on for both, pp512 and tg128, rounds alternating between the two;
-and the memory planner's device figure against what llama.cpp allocates on the device.
+offloaded, flash attention on for both, pp512 and tg128 from the same runs, in paired,
+alternating rounds (tests/benchmarks/paired.py); and the memory planner's device figure
+against what llama.cpp allocates on the device.
 
-    python tests/benchmarks/gpu.py [--rounds 3] [--reps 3] [--llama-bench PATH]
+    python tests/benchmarks/gpu.py [--rounds 5] [--reps 3] [--llama-bench PATH]
 
 llama-bench is built from the source llama-cpp-python vendors, with the same backend flags
 (Vulkan: TALLOW_VULKAN_INCLUDE or ~/.cache/tallow-vulkan's headers, as vulkan-lane.sh
 fetches them; CUDA: the GPU's own architecture). Targets: tallow >= 0.97x llama-bench's
-tok/s on each test (median of the rounds' ratios), and the planned device memory within 10%
-of the allocated. Exits 1 when one is missed, 2 when the build cannot offload.
+tok/s on each test, and the planned device memory within 10% of the allocated. Exits 1 when
+one is missed, 2 when the build cannot offload, 3 when the machine was too noisy to say.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.llamabench import llama_tool, run_llama_bench, tallow_env  # noqa: E402
+from benchmarks.paired import Comparison, compare_many, exit_code  # noqa: E402
 
 TESTS = ("pp512", "tg128")
 
@@ -69,7 +70,7 @@ def memory_check(model: Path) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--llama-bench", default=None)
     args = ap.parse_args()
@@ -86,26 +87,19 @@ def main() -> None:
     model = locate("smollm2:135m", Store(home / "models")).path
     binary = llama_tool("llama-bench", args.llama_bench, *flags)
     env = tallow_env(home, TALLOW_MACHINE_CACHE=str(home / "machine.json"))
-    ratios: dict[str, list[float]] = {t: [] for t in TESTS}
-    for r in range(args.rounds):
-        sides = [("tallow", lambda: tallow_rows(env, args.reps)), ("llama-bench", lambda: native_rows(binary, model, args.reps))]
-        got = {name: run() for name, run in (sides if r % 2 == 0 else reversed(sides))}
-        for t in TESTS:
-            ratios[t].append(got["tallow"][t] / got["llama-bench"][t])
-        print(f"round {r + 1}: " + "  ".join(f"{t} tallow {got['tallow'][t]:.1f} llama-bench {got['llama-bench'][t]:.1f}"
-                                          for t in TESTS), flush=True)
-    ok = True
-    for t in TESTS:
-        median = statistics.median(ratios[t])
-        ok &= median >= 0.97
-        print(f"{t}: tallow/llama-bench {median:.3f} (rounds {min(ratios[t]):.2f}-{max(ratios[t]):.2f}; target >= 0.97)")
+    def run(arm: str) -> tuple[float, ...]:
+        rows = tallow_rows(env, args.reps) if arm == "subject" else native_rows(binary, model, args.reps)
+        return tuple(rows[t] for t in TESTS)
+
+    print("subject tallow bench, reference llama-bench")
+    verdicts = compare_many(Comparison(TESTS[0], run, 0.97, False, args.rounds, unit=" tok/s"),
+                            [Comparison(t, run, 0.97, False) for t in TESTS[1:]])
     planned, allocated = memory_check(model)
     off = abs(planned - allocated) / allocated
-    ok &= off <= 0.10
     print(f"device memory: planned {planned:.1f} MiB, llama.cpp allocated {allocated:.1f} MiB ({off:.1%} apart; "
           "target <= 10%)")
-    print("PASS" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+    code = exit_code(verdicts)
+    sys.exit(1 if off > 0.10 else code)
 
 
 if __name__ == "__main__":
