@@ -161,7 +161,7 @@ def lone_drafter(costs: StepCosts, acceptance: float = 0.2):
     owner = SimpleNamespace(limits=DraftLimits(), costs=costs, sequence=lambda seq: SimpleNamespace(kv=[]),
                             priors=TenantPriors())
     drafter = ModelDrafter(owner, 0, [])
-    drafter.acceptance = acceptance
+    drafter.acceptance, drafter.first = acceptance, False  # past a request's first draft (always a probe)
     return drafter
 
 
@@ -194,28 +194,43 @@ def test_a_draft_that_cannot_pay_is_never_probed():
     assert probes(lone_drafter(costs), 8, right=True) == list(range(1, 9))
 
 
-def test_a_tenants_new_request_starts_from_its_earlier_requests_drafts():
+def test_a_tenants_new_request_probes_again_as_soon_as_its_earlier_requests_drafts_paid():
     from types import SimpleNamespace
 
-    from tallow.runtime.drafting.draft_model import FIRST_ACCEPTANCE, PROBE_EVERY, ModelDrafter, Prior, TenantPriors
+    from tallow.runtime.drafting.draft_model import PROBE_EVERY, ModelDrafter, TenantPriors
     from tallow.runtime.types import DraftLimits
 
     owner = SimpleNamespace(limits=DraftLimits(), costs=StepCosts(0.1), priors=TenantPriors(),
                             sequence=lambda seq: SimpleNamespace(kv=[]))
     first = ModelDrafter(owner, 0, [], tenant="a")
-    assert (first.acceptance, first.patience) == (FIRST_ACCEPTANCE, PROBE_EVERY)  # nothing known yet
+    assert first.prior is None and first.patience == PROBE_EVERY  # nothing known yet
     for _ in range(9):
-        first.outcome(10, 10)
+        first.outcome(10, 10)  # runs of ten right guesses: nine tokens each past the first
     first.outcome(0, 10)
-    first.extend(range(200))  # 90 of 100 drafted tokens accepted, 90 of the 200 written
+    first.extend(range(200))
     second = ModelDrafter(owner, 0, [], tenant="a")
-    assert second.acceptance == 0.9 and second.patience == 3  # 32 (1 - 2 x 0.45)
+    assert second.prior == 81 / 200 and second.patience == round(PROBE_EVERY * (1 - 2 * 81 / 200)) == 6
     assert ModelDrafter(owner, 1, [], tenant="b").patience == PROBE_EVERY  # never another tenant's
-    second.outcome(0, 4)  # its opening guess is wrong: the next probe comes 3 idle steps on, not 32
-    assert second.probe_every == 3
-    second.outcome(0, 4)
-    second.extend(range(100))  # none of 8 drafted, none of 100 written: the prior halves
-    assert ModelDrafter(owner, 0, [], tenant="a").prior == Prior(0.45, 0.225)
+    second.outcome(0, 4)  # its opening guess is wrong: the next probe comes a few idle steps on
+    assert second.probe_every == second.patience < PROBE_EVERY // 2
+    for _ in range(20):
+        second.outcome(1, 1)  # one right guess at a time saves no more than its catch-up: no runs
+    second.extend(range(100))
+    third = ModelDrafter(owner, 0, [], tenant="a")
+    assert third.prior == (81 / 200 + 0) / 2  # the latest weighs half
+    for _ in range(2):
+        ModelDrafter(owner, 0, [], tenant="a").extend(range(100))  # two more requests with no runs
+    seldom = ModelDrafter(owner, 0, [], tenant="a")
+    # drafts that seldom paid: no probe at the first step (its window costs), one after the patience
+    assert seldom.prior < 1 / 8 and seldom.patience > 3 * PROBE_EVERY // 4
+    assert seldom.length(64) == 0 and not seldom.probing
+
+
+def test_a_requests_first_draft_is_a_probe_from_a_window_of_its_prompt():
+    drafter = lone_drafter(StepCosts(0.1), acceptance=0.95)
+    drafter.first, drafter.history = True, list(range(100, 164))  # a 64-token prompt the cells do not hold
+    assert drafter.length(64) == 1 and drafter.probing and drafter.window  # not all 64 caught up on
+    assert drafter.length(64) > 1  # then the acceptance decides
 
 
 def test_a_lucky_guess_the_draft_was_unsure_of_is_not_followed_by_another_probe():

@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from tallow.models.draft_pick import VOCAB_SIZE_TOLERANCE
@@ -43,8 +42,9 @@ PROBE_WINDOW = 16  # a probe evaluates at most this much of the latest text, not
 SMOOTHING = 0.3  # weight of the latest step in the acceptance estimate
 ALWAYS_RIGHT = 0.99  # the acceptance of a draft that is (nearly) always right: the best a draft can do
 EXPLORE_AT = 0.9  # at this acceptance a lone sequence drafts longer than the timed calls reach, to time them
-FIRST_ACCEPTANCE = 0.7  # a new request's acceptance when nothing is known of its tenant's
-TENANTS = 64  # tenants whose acceptance is remembered per draft model (the least recently seen forgotten)
+FIRST_ACCEPTANCE = 0.7  # a new request's acceptance estimate
+SELDOM = 1 / 8  # a tenant's share of tokens in runs under which a request does not probe at its first step
+TENANTS = 64  # tenants whose drafts are remembered per draft model (the least recently seen forgotten)
 
 
 def vocabulary_difference(target, draft) -> str | None:
@@ -113,44 +113,35 @@ def load_draft(paths: list[Path], target, target_paths: list[Path], p: ContextPa
 
 
 class Tally:
-    """One request's drafts: the tokens accepted, of those drafted, and of those written."""
+    """One request's drafts: the accepted tokens past each draft's first (runs of right
+    guesses), and the tokens written."""
 
-    __slots__ = ("accepted", "drafted", "written")
+    __slots__ = ("runs", "written")
 
     def __init__(self) -> None:
-        self.accepted = self.drafted = self.written = 0
-
-
-@dataclass(frozen=True)
-class Prior:
-    """What a tenant's earlier requests say of the draft: the share of drafted tokens
-    accepted, and the share of written tokens that were accepted drafts."""
-
-    share: float
-    covered: float
+        self.runs = self.written = 0
 
 
 class TenantPriors:
-    """Where a tenant's new request starts: its earlier requests' `Prior`, the latest
-    weighing half. A request starts its acceptance estimate at the share, and its patience
-    (the steps after a wrong guess before the next probe) shrinks as the covered share
-    grows: a server asked the same kind of thing again (an agent's loop, a chat, a
-    benchmark) drafts again a few steps after the request's unpredictable opening, while
-    one whose drafts seldom carried an answer keeps probing rarely, since a probe after g
-    skipped tokens costs their catch-up, about 3 ms each on a 135M Q4_1 draft. Kept per
-    tenant (API key), as recall is: one team member's text must not set another's decode
-    speed."""
+    """How soon a tenant's new request probes again after a wrong guess: its patience, from
+    the share of its earlier requests' tokens that came in runs of right guesses (accepted
+    past a draft's first token), the latest request weighing half. A request's opening is
+    the draft's weakest guess, so a server asked the same kind of thing again (an agent's
+    loop, a chat, a benchmark) should draft again a few steps later; but a probe after g
+    skipped tokens costs their catch-up (about 3 ms each on a 135M Q4_1 draft), and one
+    right guess saves at most that: only runs pay. Kept per tenant (API key), as recall is:
+    one team member's text must not set another's decode speed."""
 
     def __init__(self) -> None:
-        self._seen: OrderedDict[str | None, tuple[Prior | None, Tally]] = OrderedDict()
+        self._seen: OrderedDict[str | None, tuple[float | None, Tally]] = OrderedDict()
 
-    def start(self, tenant: str | None) -> tuple[Prior | None, Tally]:
-        """The tenant's prior (None: nothing known) and the new request's tally; the request
-        before it is folded into the prior now (it has ended, or is far along)."""
+    def start(self, tenant: str | None) -> tuple[float | None, Tally]:
+        """The tenant's share of tokens in runs (None: nothing known) and the new request's
+        tally; the request before it is folded in now (it has ended, or is far along)."""
         prior, last = self._seen.pop(tenant, (None, None))
-        if last is not None and last.drafted and last.written:
-            now = Prior(last.accepted / last.drafted, last.accepted / last.written)
-            prior = now if prior is None else Prior((prior.share + now.share) / 2, (prior.covered + now.covered) / 2)
+        if last is not None and last.written:
+            now = last.runs / last.written
+            prior = now if prior is None else (prior + now) / 2
         tally = Tally()
         self._seen[tenant] = (prior, tally)
         if len(self._seen) > TENANTS:
@@ -290,12 +281,15 @@ class ModelDrafter:
         self.history = list(prompt)
         self.start = 0  # the history index the draft's cell 0 holds
         self.prior, self.tally = owner.priors.start(tenant)  # the tenant's earlier requests (TenantPriors)
-        prior = self.prior
-        self.acceptance = FIRST_ACCEPTANCE if prior is None else prior.share
         # steps after a wrong guess before the next probe (TenantPriors says why)
-        self.patience = PROBE_EVERY if prior is None else max(1, round(PROBE_EVERY * max(0.0, 1 - 2 * prior.covered)))
+        self.patience = PROBE_EVERY if self.prior is None else max(1, round(PROBE_EVERY * (1 - 2 * self.prior)))
+        # the request's first step probes (a window of the prompt), unless the tenant's drafts
+        # seldom paid (under SELDOM of its tokens came in runs): then it waits its patience,
+        # expecting nothing, and a probe then can still find predictable text
+        self.first = self.prior is None or self.prior > SELDOM
+        self.acceptance = FIRST_ACCEPTANCE if self.first else 0.0
         self.idle = 0  # steps since the last draft
-        self.probe_every = 1  # the first step probes; then `patience`, four times longer while probes find nothing
+        self.probe_every = 1 if self.first else self.patience  # then `patience`, four times longer while probes find nothing
         self.window = False  # the next catch-up evaluates only the last PROBE_WINDOW tokens
         self.probing = False  # this step's draft is a probe: one token, proposed whatever p_min says
         self.sure = True  # the draft's last guess was over p_min
@@ -317,7 +311,8 @@ class ModelDrafter:
             # Longer drafts' rows have not been timed: drafts that are this often right
             # double their reach until they have (1, 3, 7, 15 ...), then the times decide.
             k = max(k, min(top, 2 * max(reach, 1) + 1))
-        if k == 0:
+        first, self.first = self.first, False
+        if k == 0 or first and not limits.min:  # a first draft is a probe: the prompt caught up on from a window
             self.idle += 1
             if self.idle < self.probe_every or top < 1 or not self._worth_looking(top, busy):
                 return 0
@@ -370,12 +365,12 @@ class ModelDrafter:
         if proposed:
             step = accepted / proposed
             self.acceptance += SMOOTHING * (step - self.acceptance)
-            self.tally.accepted, self.tally.drafted = self.tally.accepted + accepted, self.tally.drafted + proposed
+            self.tally.runs += max(0, accepted - 1)
             # Right: while a long draft that is always right could pay, look again at the
             # next step, so that a run of right guesses raises the estimate to where drafting
             # pays within a few tokens, not a few probes of 32. Wrong: every `patience`
             # steps, four times longer after each.
-            if accepted:  # a lucky guess the draft was unsure of is no sign of predictable text
-                self.probe_every = 1 if self.sure and self._worth_looking(self.owner.limits.max, 1) else self.patience
+            if accepted and self.sure:  # a lucky guess the draft was unsure of counts as a miss here
+                self.probe_every = 1 if self._worth_looking(self.owner.limits.max, 1) else self.patience
             elif self.probe_every < self.patience:
                 self.probe_every = self.patience

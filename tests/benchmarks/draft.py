@@ -11,7 +11,7 @@ run, each comparison in paired, alternating rounds (tests/benchmarks/paired.py):
   >= 1.0x of its decode speed);
 - 8 concurrent streams of 64 tokens: aggregate with drafting >= 0.97x of without.
 
-    python tests/benchmarks/draft.py [--rounds 5]
+    python tests/benchmarks/draft.py [--rounds 5] [--cases counting,story,llama-server,streams]
 
 Each figure comes with the acceptance and the mean draft length. Both sides use 2 threads,
 flash attention on and no weight repacking; every server binds loopback only. Exits 1 when a
@@ -87,6 +87,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default=",".join(CASES), help=f"which comparisons, of {','.join(CASES)}")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="tallow-draft-bench-"))
     env = tallow_env(home, TALLOW_CPU_REPACK="off")
@@ -104,7 +105,7 @@ def main() -> int:
     try:
         for url, proc, what in zip((plain, spec, theirs), procs, ("tallow serve", "tallow serve --draft", "llama-server")):
             wait_ready(url, proc, what)
-        verdicts = compared(plain, spec, theirs, args.rounds)
+        verdicts = compared(plain, spec, theirs, args.rounds, set(args.cases.split(",")))
     finally:
         for p in procs:
             p.terminate()
@@ -112,8 +113,12 @@ def main() -> int:
     return exit_code(verdicts)
 
 
-def compared(plain: str, spec: str, theirs: str, rounds: int) -> list:
-    """The four comparisons, each with the drafts' acceptance and length beside it."""
+CASES = ("counting", "story", "llama-server", "streams")
+
+
+def compared(plain: str, spec: str, theirs: str, rounds: int, cases: set[str]) -> list:
+    """The comparisons asked for (all four by default), each with the drafts' acceptance and
+    length beside it."""
     drafts: dict[str, list[tuple[float, float]]] = {}
 
     def speed(name: str, prompt: str, subject: str, reference: str):
@@ -125,18 +130,21 @@ def compared(plain: str, spec: str, theirs: str, rounds: int) -> list:
         return measure
 
     verdicts = []
-    for name, prompt, subject, reference, target in (
-            ("one stream, predictable: with/without drafts", EASY, spec, plain, 1.3),
-            ("one stream, a story: with/without drafts", HARD, spec, plain, 0.97),
-            ("predictable: tallow/llama-server -md", EASY, spec, theirs, 1.0)):
+    for case, name, prompt, subject, reference, target in (
+            ("counting", "one stream, predictable: with/without drafts", EASY, spec, plain, 1.3),
+            ("story", "one stream, a story: with/without drafts", HARD, spec, plain, 0.97),
+            ("llama-server", "predictable: tallow/llama-server -md", EASY, spec, theirs, 1.0)):
+        if case not in cases:
+            continue
         verdicts.append(compare(Comparison(name, speed(name, prompt, subject, reference), target, False, rounds,
                                            unit=" tok/s")))
         got = drafts[name]
         print(f"  acceptance {statistics.median(a for a, _ in got):.0%}, mean draft length "
               f"{statistics.median(n for _, n in got):.1f}")
-    verdicts.append(compare(Comparison("8 streams, aggregate: with/without drafts",
-                                       lambda arm: round_of(spec if arm == "subject" else plain, 8)[0], 0.97, False,
-                                       rounds, unit=" tok/s")))
+    if "streams" in cases:
+        verdicts.append(compare(Comparison("8 streams, aggregate: with/without drafts",
+                                           lambda arm: round_of(spec if arm == "subject" else plain, 8)[0], 0.97,
+                                           False, rounds, unit=" tok/s")))
     return verdicts
 
 
