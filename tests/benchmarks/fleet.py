@@ -1,13 +1,14 @@
 """tallow batch against servers: what the client costs, and one batch file over 1, 2 and 3
 replicas on this machine.
 
-    python tests/benchmarks/fleet.py [--model PATH] [--requests 32] [--tokens 32] [--reps 3]
+    python tests/benchmarks/fleet.py [--model PATH] [--requests 32] [--tokens 32] [--rounds 5]
 
 1. The client's own cost: the same batch file run in-process (`tallow batch`, the scheduler in
    the command's own process) and against one `tallow serve` replica with the same settings
-   (`tallow batch --endpoint`), alternating, --reps each; the aggregate output tok/s each run
-   reports (from its first request to its last answer; model loading excluded on both sides).
-   Target: the endpoint run >= 0.95x the in-process one (medians). Exits 1 when missed.
+   (`tallow batch --endpoint`), in paired, alternating rounds (tests/benchmarks/paired.py);
+   the aggregate output tok/s each run reports (from its first request to its last answer;
+   model loading excluded on both sides). Target: the endpoint run >= 0.95x the in-process
+   one. Exits 1 when missed, 3 when the machine was too noisy to say.
 2. The same file over 1, 2 and 3 replicas (`--endpoint` once per replica): reported, not a
    target: on a 2-core machine the replicas share the cores, so this shows what spreading
    costs, not how it scales.
@@ -19,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.llamaserver import free_port, wait_ready  # noqa: E402
 from benchmarks.overhead import default_model  # noqa: E402
+from benchmarks.paired import Comparison, compare, exit_code  # noqa: E402
 
 TARGET = 0.95
 PARALLEL = 4
@@ -82,7 +83,7 @@ def main() -> int:
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     model = a.model or default_model()
     env = {**os.environ, "TALLOW_NO_LOG": "1"}
@@ -97,15 +98,10 @@ def main() -> int:
             url = servers[0][1]
             remote_args = [str(inp), "-m", "tallow", "--parallel", str(PARALLEL), "--endpoint", url]
             batch(remote_args, env, out)  # warm-up: the replica's first requests
-            inproc, remote = [], []
-            for rep in range(a.reps):
-                inproc.append(batch(local_args, env, out))
-                remote.append(batch(remote_args, env, out))
-                print(f"  rep {rep + 1}: in-process {inproc[-1]:.1f} tok/s, --endpoint {remote[-1]:.1f} tok/s")
-            ratio = statistics.median(remote) / statistics.median(inproc)
-            print(f"client cost: batch --endpoint {statistics.median(remote):.1f} tok/s vs in-process "
-                  f"{statistics.median(inproc):.1f} -> {ratio:.3f}x (target >= {TARGET}): "
-                  f"{'PASS' if ratio >= TARGET else 'FAIL'}")
+            print("subject batch --endpoint (one replica), reference the in-process batch")
+            verdict = compare(Comparison("client cost", lambda arm: batch(remote_args if arm == "subject" else local_args,
+                                                                           env, out),
+                                         TARGET, False, a.rounds, unit=" tok/s"))
             while len(servers) < 3:
                 servers.append(replica(model, env))
             for n in (1, 2, 3):
@@ -117,7 +113,7 @@ def main() -> int:
                       f"({time.perf_counter() - started:.1f} s for the file)")
         finally:
             stop([p for p, _ in servers])
-    return 0 if ratio >= TARGET else 1
+    return exit_code([verdict])
 
 
 if __name__ == "__main__":

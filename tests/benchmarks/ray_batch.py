@@ -1,17 +1,17 @@
 """tallow batch --ray against a local tallow batch on this machine, and what Ray adds to
 each request.
 
-    python tests/benchmarks/ray_batch.py [--model PATH] [--requests 64] [--tokens 32] [--rounds 3]
+    python tests/benchmarks/ray_batch.py [--model PATH] [--requests 64] [--tokens 32] [--rounds 5]
 
 A Ray cluster of this machine (tests/helpers/ray_cluster.py: a head without CPUs and two
-worker nodes of one CPU each, on 127.0.0.1) is started once. Then, alternating, --rounds
-each, the same file of --requests requests (--tokens new tokens each, end of generation
-banned, temperature 0):
+worker nodes of one CPU each, on 127.0.0.1) is started once. Then, in paired, alternating
+rounds (tests/benchmarks/paired.py), the same file of --requests requests (--tokens new
+tokens each, end of generation banned, temperature 0):
   local  tallow batch, one engine of 2 threads, --parallel 8
   ray    tallow batch --ray ADDRESS, 2 actors of 1 CPU (1 thread) each, --parallel 4 each
 Each run's output tok/s is its own report (from its first request to its last answer:
-loading the engines is excluded on both sides). Target: ray >= 0.9x local (medians); exits 1
-when missed.
+loading the engines is excluded on both sides). Target: ray >= 0.9x local; exits 1 when
+missed, 3 when the machine was too noisy to say.
 
 Then the per-request cost of Ray itself: one actor and one in-process engine of the same
 settings (1 thread), 20 one-token requests each, sent one at a time; the difference of the
@@ -36,6 +36,7 @@ from helpers.ray_cluster import LoopbackCluster  # noqa: E402 - sets Ray's envir
 
 from benchmarks.fleet import batch, write_batch  # noqa: E402
 from benchmarks.overhead import default_model  # noqa: E402
+from benchmarks.paired import Comparison, compare, exit_code  # noqa: E402
 
 TARGET = 0.9
 PROBES = 20
@@ -90,7 +91,7 @@ def main() -> int:
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     model = a.model or default_model()
     env = {**os.environ, "TALLOW_NO_LOG": "1"}
@@ -104,27 +105,21 @@ def main() -> int:
             ray_args = [*common, "--parallel", "4", "--ray", cluster.address, "--ray-actors", "2"]
             print(f"{a.requests} requests of {a.tokens} tokens; model {model.name}; "
                   f"cluster {cluster.address} (2 workers x 1 CPU)")
-            local, on_ray = [], []
-            for r in range(a.rounds):
-                local.append(batch(local_args, env, out))
-                on_ray.append(batch(ray_args, env, out))
-                print(f"  round {r + 1}: local {local[-1]:.1f} tok/s, --ray {on_ray[-1]:.1f} tok/s "
-                      f"({on_ray[-1] / local[-1]:.3f}x)")
+            print("subject batch --ray, reference the local batch")
+            verdict = compare(Comparison("--ray / local", lambda arm: batch(ray_args if arm == "subject" else local_args,
+                                                                            env, out),
+                                         TARGET, False, a.rounds, unit=" tok/s"))
         inproc, through = call_latencies(model, cluster.address)
     finally:
         cluster.shutdown()
-    ratios = [r / lo for r, lo in zip(on_ray, local)]
-    ratio = statistics.median(on_ray) / statistics.median(local)
-    print(f"--ray {statistics.median(on_ray):.1f} tok/s vs local {statistics.median(local):.1f} -> {ratio:.3f}x "
-          f"(rounds {min(ratios):.3f}-{max(ratios):.3f}; target >= {TARGET}): {'PASS' if ratio >= TARGET else 'FAIL'}")
     cost = (statistics.median(through) - statistics.median(inproc)) * 1000
     print(f"per request: {statistics.median(inproc) * 1000:.1f} ms in-process, {statistics.median(through) * 1000:.1f} ms "
           f"through a Ray actor -> Ray adds {cost:.1f} ms")
-    per_actor = statistics.median(on_ray) / 2
+    per_actor = statistics.median(verdict.figures["subject"]) / 2
     print(f"on paper: each 1-CPU actor gave {per_actor:.1f} tok/s here; a second machine like this one adds 2 "
           f"more actors, about {2 * per_actor:.0f} tok/s, less {cost:.1f} ms per request of {a.tokens} tokens "
           f"({cost / 1000 * per_actor / a.tokens:.1%} of an actor's time at this rate)")
-    return 0 if ratio >= TARGET else 1
+    return exit_code([verdict])
 
 
 if __name__ == "__main__":
