@@ -15,7 +15,7 @@ from tallow.runtime.drafting.recall import Memory
 
 MAX_NGRAM = 4
 MIN_NGRAM = 3
-MAX_DRAFT = 8
+MAX_DRAFT = 64  # doubled from 2 on every wholly right draft, halved on a miss
 START_DRAFT = 2
 
 
