@@ -276,7 +276,7 @@ class ModelDrafter:
     draft cells hold history[start:]: from the start, or, after a probe, a short window."""
 
     def __init__(self, owner: DraftContext, seq_id: int, prompt: list[int], tenant: str | None = None) -> None:
-        self.owner, self.tenant = owner, tenant
+        self.owner = owner
         self.seq = owner.sequence(seq_id)
         self.history = list(prompt)
         self.start = 0  # the history index the draft's cell 0 holds
