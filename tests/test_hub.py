@@ -227,14 +227,13 @@ def hub_files(*paths: str) -> list[HubFile]:
 
 def test_quantization_choice():
     files = hub_files("m-Q4_K_M.gguf", "m-Q8_0.gguf", "m-q2_k.gguf", "mmproj-m-F16.gguf")
-    assert [f.path for f in choose("r", files, None, None)] == ["m-Q4_K_M.gguf"]
     assert [f.path for f in choose("r", files, "Q2_K", None)] == ["m-q2_k.gguf"]
     with pytest.raises(ModelNotFound) as err:
         choose("r", hub_files("m-Q8_0.gguf", "m-Q6_K.gguf"), None, None)
     assert "Q6_K" in err.value.hint and "Q8_0" in err.value.hint
     assert [f.path for f in choose("r", hub_files("only-Q6_K.gguf"), None, None)] == ["only-Q6_K.gguf"]
     shards = hub_files("big-Q4_K_M-00002-of-00002.gguf", "big-Q4_K_M-00001-of-00002.gguf", "big-Q8_0-00001-of-00002.gguf")
-    assert [f.path for f in choose("r", shards, None, None)] == ["big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"]
+    assert [f.path for f in choose("r", shards, "Q4_K_M", None)] == ["big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"]
     with pytest.raises(ModelNotFound):  # an incomplete shard set is not offered
         choose("r", shards, "Q8_0", None)
     assert quant_of("Q5_K_M/model-00001-of-00003.gguf") == "Q5_K_M"

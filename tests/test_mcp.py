@@ -176,9 +176,12 @@ def test_tallow_mcp_serve_answers_the_sdks_client(default_home, minilm_model, tm
     notes = "Buy oat milk and bread.\nThe boiler needs a service in March.\nCall the dentist on Monday.\n"
     made = run_tallow(["embed", "all-minilm:l6-v2", "--index", str(index)], home=default_home, input=notes.encode())
     assert made.returncode == 0, made.stderr.decode()
-    ran = run_tallow(["run", "smollm2:135m", "Say hello.", "--temperature", "0", "-n", "8", "--json", "--no-log"],
-                     home=default_home)
-    expected = json.loads(ran.stdout)["text"]
+    # the model's greedy answer with either attention kernel: a server may choose flash attention
+    # otherwise than a run does (for its deeper contexts), and on some CPUs (AMD EPYC with AVX-512)
+    # the two kernels' rounding parts this answer after a few tokens
+    expected = {json.loads(run_tallow(["run", "smollm2:135m", "Say hello.", "--temperature", "0", "-n", "8", "--json",
+                                       "--no-log", "--flash-attn", fa], home=default_home).stdout)["text"]
+                for fa in ("on", "off")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")} | {"TALLOW_HOME": str(default_home)}
     params = StdioServerParameters(command=sys.executable, env=env,
                                    args=["-m", "tallow.cli", "mcp", "serve", "smollm2:135m", "--index", str(index)])
@@ -193,7 +196,7 @@ def test_tallow_mcp_serve_answers_the_sdks_client(default_home, minilm_model, tm
 
     names, said, found, bad = asyncio.run(session())
     assert names == ["generate", "search"]
-    assert not said.is_error and said.content[0].text == expected
+    assert not said.is_error and said.content[0].text in expected
     assert not found.is_error and "boiler" in json.dumps(found.structured_content)
     assert bad.is_error and "max_tokens is 1 to 32768" in bad.content[0].text
 

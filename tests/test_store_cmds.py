@@ -164,7 +164,8 @@ def test_offline_no_command_opens_a_socket(synth_model, tmp_path):
     commands = [  # (arguments, exit code); rm last, so every command before it sees the model
         (["list"], 0), (["show", "synth"], 0), (["run", "synth", "hi", "-n", "2"], 0),
         (["pull", "Org/Missing-GGUF:Q4_K_M"], 1), (["run", "Org/Missing-GGUF", "hi"], 1),
-        (["pull", "smollm2:135m"], 1), (["rm", "synth"], 0),
+        (["pull", "smollm2:135m"], 1), (["pull", "Org/Missing-GGUF", "--list"], 1), (["find", "qwen"], 1),
+        (["rm", "synth"], 0),
     ]
     for flag_env in ({"TALLOW_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "1"}):
         assert run_tallow(["import", str(synth_model), "--name", "synth"], home=home).returncode == 0

@@ -143,3 +143,33 @@ def extra_buffer_types() -> tuple[str, ...]:
             k += 1
         return tuple(names)
     return ()
+
+
+@lru_cache(maxsize=1)
+def _llama_strings() -> bytes | None:
+    folder = lib_dir()
+    if folder is None:
+        return None
+    try:
+        return (folder / "libllama.so").read_bytes()
+    except OSError:
+        return None
+
+
+def knows_architecture(name: str) -> bool | None:
+    """Does this llama.cpp build load models of `general.architecture` `name`? llama.cpp keeps
+    its architectures' names as C strings in libllama's read-only data, so a name it knows is
+    there between NULs; the linker may fold a name into the tail of a longer one ("bert" in
+    "nomic-bert"), so a name the gguf package lists as an architecture needs only its end.
+    None: the library cannot be read."""
+    from gguf import MODEL_ARCH_NAMES
+
+    strings = _llama_strings()
+    if strings is None:
+        return None
+    raw = name.encode()
+    if not raw or b"\0" in raw:
+        return False
+    if b"\0" + raw + b"\0" in strings:
+        return True
+    return name in MODEL_ARCH_NAMES.values() and raw + b"\0" in strings

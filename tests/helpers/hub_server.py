@@ -1,6 +1,7 @@
 """A local HTTP server that answers the hub endpoints huggingface_hub calls.
 
 It serves real GGUF bytes from files on disk, so the real client code runs:
+  GET  /api/models?search=...&filter=gguf&sort=...   a search, with each repository's facts
   GET  /api/models/ORG/REPO/tree/REV?recursive=...   the file listing, with LFS sha256s
   GET  /ORG/REPO/resolve/REV/PATH                    the bytes, with Range support
 Modes make it misbehave: cut a download halfway, serve bytes that differ from the
@@ -14,8 +15,9 @@ import http.server
 import json
 import re
 import threading
+import time
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from helpers.package_index import send_file
 
@@ -27,8 +29,11 @@ class FakeHub:
         self.ranges: list[int] = []  # where resumed downloads started
         self.bounded: list[tuple[int, int]] = []  # bounded range reads: (start, stop)
         self.mode = "ok"  # ok | cut | corrupt | private | gated | slow
+        self.meta: dict[str, dict] = {}  # repo -> downloads, likes, lastModified, license (search answers)
+        self.delay = 0.0  # seconds before each answer: a round trip to a far hub
         self.token = "hf_secret"
         self._sha: dict[Path, str] = {}
+        self._facts: dict[Path, dict] = {}
         handler = self._handler()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -37,6 +42,40 @@ class FakeHub:
 
     def add(self, repo: str, path: str, file: Path) -> None:
         self.repos.setdefault(repo, {})[path] = Path(file)
+
+    def describe(self, repo: str, **facts) -> None:
+        """A repository's facts for searches: downloads, likes, lastModified, license (and gguf, in
+        place of the one read from its first GGUF)."""
+        self.meta[repo] = facts
+
+    def _gguf_facts(self, repo: str) -> dict:
+        from tallow.models.gguf_file import read_gguf
+
+        weights = sorted(p for p in self.repos[repo] if p.endswith(".gguf") and "mmproj" not in p)
+        if not weights:
+            return {}
+        path = self.repos[repo][weights[0]]
+        if path not in self._facts:  # the hub reads a repository's header once, not per search
+            info = read_gguf(path)
+            self._facts[path] = {"total": info.n_params, "architecture": info.architecture,
+                                 "context_length": info.context_length}
+        return self._facts[path]
+
+    def search(self, query: dict) -> list[dict]:
+        words = query.get("search", [""])[0].lower()
+        wanted = [r for r in self.repos if words in r.lower()
+                  and ("gguf" not in query.get("filter", []) or any(p.endswith(".gguf") for p in self.repos[r]))]
+        key = query.get("sort", ["downloads"])[0]
+        wanted.sort(key=lambda r: self.meta.get(r, {}).get(key, 0 if key != "lastModified" else ""), reverse=True)
+        out = []
+        for repo in wanted[: int(query.get("limit", ["1000"])[0])]:
+            m = self.meta.get(repo, {})
+            out.append({"id": repo, "_id": repo, "modelId": repo, "downloads": m.get("downloads", 0),
+                        "likes": m.get("likes", 0), "lastModified": m.get("lastModified", "2026-01-01T00:00:00.000Z"),
+                        "tags": ["gguf"] + ([f"license:{m['license']}"] if "license" in m else []),
+                        "cardData": {"license": m["license"]} if "license" in m else {},
+                        "gguf": m.get("gguf") or self._gguf_facts(repo)})
+        return out
 
     def sha256(self, file: Path) -> str:
         if file not in self._sha:
@@ -68,7 +107,8 @@ class FakeHub:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":  # a body after a HEAD's headers would be read as the next answer
+                    self.wfile.write(body)
 
             def _authorized(self) -> bool:
                 if hub.mode == "private":
@@ -87,6 +127,16 @@ class FakeHub:
                 url = urlparse(self.path)
                 path = unquote(url.path)
                 hub.requests.append(("HEAD" if head else "GET", path, dict(self.headers)))
+                if hub.delay:
+                    time.sleep(hub.delay)
+                if path == "/api/models":
+                    body = json.dumps(hub.search(parse_qs(url.query))).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if path.startswith("/api/models/"):
                     rest = path[len("/api/models/"):]
                     repo, _, tail = rest.partition("/tree/")

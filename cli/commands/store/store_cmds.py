@@ -1,4 +1,4 @@
-"""tallow pull, list, show, rm and import: the model store."""
+"""tallow list, show, rm, cp and import: the model store (pull is in hub_cmds.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Optional
 import typer
 
 from tallow.cli import options as o
-from tallow.cli.models import pull_options, pull_with_progress, store, verify_model, verify_projector
+from tallow.cli.models import store, verify_model, verify_projector
 from tallow.cli.render import err_console, fetch_progress, human_bytes, human_count, out_console
 from tallow.common.errors import TallowError
 from tallow.models.gguf_file import read_gguf
@@ -22,37 +22,6 @@ from tallow.models.refs import PathRef, parse_ref
 
 def _print_json(data) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=None) + "\n")
-
-
-def pull(
-    ref: str = typer.Argument(..., help="ORG/REPO[:QUANT], hf.co/ORG/REPO[:QUANT], ORG/REPO/FILE.gguf, or a short name.", show_default=False, autocompletion=o.complete_model),
-    force: bool = typer.Option(False, "--force", help="Download even if the model cannot fit in memory."),
-    mmproj: Optional[str] = typer.Option(None, "--mmproj", help="Which of the repository's projectors to fetch: a file name or a precision (F16, Q8_0) [default: the weights' precision, else F16].", show_default=False),
-    no_mmproj: bool = typer.Option(False, "--no-mmproj", help="Fetch the weights without the repository's projector."),
-    offline: o.Offline = False,
-) -> None:
-    """Download a model into the store.
-
-    Resumable, and verified against the source's sha256. A repository with a projector
-    (mmproj-*.gguf, for images) gives it too.
-
-    Example: tallow pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
-    """
-    parsed = parse_ref(ref)
-    if isinstance(parsed, PathRef):
-        raise typer.BadParameter("that is a local file: register it with `tallow import PATH`", param_hint="REF")
-    if mmproj is not None and no_mmproj:
-        raise typer.BadParameter("--mmproj chooses a projector and --no-mmproj refuses them: give one", param_hint="--mmproj")
-    from tallow.models.resolve import LocalModel, locate
-
-    st = store()
-    found = locate(ref, st)
-    if isinstance(found, LocalModel):
-        err_console().print(f"{found.name} is already stored", soft_wrap=True)
-        return
-    manifest = pull_with_progress(found, st, pull_options(offline, force, mmproj, no_mmproj))
-    extra = f", with its projector {manifest.projector.path}" if manifest.projector else ""
-    err_console().print(f"pulled {manifest.name} ({human_bytes(manifest.size)}{extra})", soft_wrap=True)
 
 
 def list_models(as_json: o.JsonList = False) -> None:
