@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tallow.models.catalog import PackagedFile, PackagedFolder, PackagedModel
-from tallow.models.convert.bert_import import Imported, import_source
+from tallow.models.convert.common import Imported
+from tallow.models.convert.source import import_source
 from tallow.models.download import Expected, ProgressFn, RangeResponse, blob_lock, no_progress, resumable_download
 from tallow.models.errors import FetchError, IntegrityError
 from tallow.models.index import find_file

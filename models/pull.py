@@ -15,6 +15,7 @@ from tallow.models.gguf_file import GGUFInfo, read_gguf
 from tallow.models.hub import Hub, HubFile, choose, model_groups, quant_of
 from tallow.models.memory import Shape, available_memory, estimate, human
 from tallow.models.names import parse_name
+from tallow.models.preset import Preset, check_param
 from tallow.models.projector import ProjectorFacts, check_pair, choose_projector, read_projector
 from tallow.models.refs import HubRef
 from tallow.models.store import Manifest, Store, StoredFile
@@ -311,6 +312,19 @@ def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", 
     digest, size, done = convert_into_store(source, store, dtype, verify=verify, on_progress=on_progress)
     info = read_gguf(store.blob_path(digest))
     manifest = Manifest(name, [StoredFile(f"{done.name}.{dtype}.gguf", digest, size)],
-                        {"kind": "convert", "path": str(source), "type": dtype}, None, gguf_facts([info]))
+                        {"kind": "convert", "path": str(source), "type": dtype, "architecture": done.architecture},
+                        None, gguf_facts([info]), preset=generation_preset(done.sampling))
     store.commit(manifest)
     return manifest
+
+
+def generation_preset(sampling: dict[str, float]) -> Preset | None:
+    """A converted model's generation_config.json defaults as its own settings, as a
+    Modelfile's PARAMETERs would be (a value out of tallow's range is left out)."""
+    params = {}
+    for key, value in sampling.items():
+        try:
+            params[key] = check_param(key, int(value) if key == "top_k" else value)
+        except TallowError:
+            continue
+    return Preset(params) if params else None

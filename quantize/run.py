@@ -12,7 +12,8 @@ from typing import Callable
 from tallow.common.files import sha256_file
 from tallow.models.download import check_disk, disk_free
 from tallow.models.gguf_file import read_gguf
-from tallow.models.pull import gguf_facts
+from tallow.models.preset import Preset
+from tallow.models.pull import generation_preset, gguf_facts
 from tallow.models.resolve import LocalModel
 from tallow.models.store import Manifest, Store, StoredFile
 from tallow.quantize.errors import QuantizeError
@@ -56,7 +57,8 @@ def _plan(source: LocalModel, opts: QuantizeOptions):
     return qt, info
 
 
-def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_progress: ProgressFn | None = None) -> Manifest:
+def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_progress: ProgressFn | None = None,
+                   converted: dict | None = None, preset: Preset | None = None) -> Manifest:
     qt, info = _plan(source, opts)
     estimate = int(info.n_params * max(qt.block_bits, 4.0) / 8 * 1.15) + (1 << 20)
     check_disk(store, estimate, f"the {qt.name} file", opts.free_space)
@@ -74,13 +76,33 @@ def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_p
 
     source_info = {"kind": "quantize", "from": source.name, "from_digest": source.sha256, "type": qt.name,
                    "imatrix_digest": sha256_file(Path(opts.imatrix)) if opts.imatrix else None,
-                   "llama_cpp_python": version("llama-cpp-python"), "source_file_type": info.file_type}
+                   "llama_cpp_python": version("llama-cpp-python"), "source_file_type": info.file_type,
+                   **({"converted": converted} if converted else {})}
     origin = store.get(source.name) if source.mmproj is not None else None  # its projector goes with it
     manifest = Manifest(opts.name, [StoredFile(f"{opts.name.replace('/', '-')}.gguf", digest, size)], source_info,
                         None, gguf_facts([result]), projector=origin.projector if origin else None,
-                        projector_facts=origin.projector_facts if origin else {})
+                        projector_facts=origin.projector_facts if origin else {}, preset=preset)
     store.commit(manifest)
     return manifest
+
+
+def convert_quantized(source: Path, store: Store, opts: QuantizeOptions, dtype: str = "f16",
+                      verify: Callable[[list[Path]], None] | None = None, on_progress: ProgressFn | None = None) -> Manifest:
+    """`tallow import DIR --quant TYPE`: a Hugging Face model converted (models/convert/) to a
+    `dtype` GGUF, then quantized to TYPE and stored as opts.name; the intermediate file is
+    removed, and the provenance names both steps."""
+    from tallow.models.fetch import convert_into_store
+
+    quant_type(opts.type)  # an unknown type is refused before the conversion's work
+    digest, _, done = convert_into_store(source, store, dtype, verify=verify)
+    try:
+        local = LocalModel(str(source), [store.blob_path(digest)], digest.removeprefix("sha256-"))
+        return quantize_model(local, store, opts, on_progress,
+                              converted={"path": str(source), "type": dtype, "architecture": done.architecture},
+                              preset=generation_preset(done.sampling))
+    finally:
+        if digest not in store.digests_in_use():
+            store.blob_path(digest).unlink(missing_ok=True)
 
 
 def type_sizes(source: LocalModel) -> dict[str, tuple[int | None, float | None]]:

@@ -126,7 +126,7 @@ def tiny_berts(tmp_path_factory) -> dict[str, Path]:
     a one-label cross-encoder, each also converted to GGUF by tallow's importer."""
     from helpers.bert_reference import write_tiny_bert
 
-    from tallow.models.convert.bert_import import import_source
+    from tallow.models.convert.source import import_source
 
     root = tmp_path_factory.mktemp("tiny-bert")
     out = {}

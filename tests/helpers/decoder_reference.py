@@ -1,0 +1,215 @@
+"""Tiny random Hugging Face decoders (Llama, Qwen2, Qwen3) and their forward pass in numpy,
+with Hugging Face's semantics, as the reference a converted GGUF's logits must match.
+
+The tokenizer is real: a byte-level BPE trained here by the `tokenizers` library on a small
+text, with the pre-tokenizer of the family (Llama 3's or Qwen2's split pattern, SmolLM's
+digits-then-bytes), saved as tokenizer.json beside tokenizer_config.json's special tokens
+and chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tallow.models.convert.bpe_vocab import SPLITS
+
+CORPUS = ("The quick brown fox jumps over the lazy dog. Numbers 12345 and 2026-12-07, prices $3.50, "
+          "café, naïve, Zürich, 東京, emoji 🙂🚀. def main(x):\n    return x * 2\n\n"
+          "Lorem ipsum dolor sit amet; it's, we've, they'll. ") * 40
+TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+            "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+PATTERN = {name: pattern for pattern, name in SPLITS.items()}
+
+
+def write_tokenizer(folder: Path, pre: str, vocab_size: int = 700) -> int:
+    """A trained byte-level BPE with the named pre-tokenizer; returns its vocabulary size."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if pre == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(PATTERN[pre]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[AddedToken(t, special=True) for t in SPECIAL],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([CORPUS], trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
+        "chat_template": TEMPLATE}))
+    return tok.get_vocab_size()
+
+
+def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int = 64, layers: int = 2, heads: int = 4,
+                       kv_heads: int = 2, ff: int = 96, tied: bool = False, head_dim: int | None = None,
+                       rope_scaling: dict | None = None, dtype: str = "F32", shards: int = 1) -> Path:
+    """A random checkpoint of `family` ("llama", "qwen2", "qwen3") in Hugging Face's layout."""
+    from safetensors.numpy import save_file
+
+    pre = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "smollm": "smollm"}[family]
+    n_vocab = write_tokenizer(folder, pre)
+    hd = head_dim or hidden // heads
+    rng = np.random.default_rng(seed)
+    w: dict[str, np.ndarray] = {}
+
+    def mat(name: str, *shape: int, scale: float = 0.15) -> None:
+        w[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def norm(name: str, n: int) -> None:
+        w[name] = (1 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    mat("model.embed_tokens.weight", n_vocab, hidden, scale=1.0)
+    norm("model.norm.weight", hidden)
+    if not tied:
+        mat("lm_head.weight", n_vocab, hidden, scale=0.3)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        norm(p + "input_layernorm.weight", hidden)
+        norm(p + "post_attention_layernorm.weight", hidden)
+        mat(p + "self_attn.q_proj.weight", heads * hd, hidden)
+        mat(p + "self_attn.k_proj.weight", kv_heads * hd, hidden)
+        mat(p + "self_attn.v_proj.weight", kv_heads * hd, hidden)
+        mat(p + "self_attn.o_proj.weight", hidden, heads * hd)
+        mat(p + "mlp.gate_proj.weight", ff, hidden)
+        mat(p + "mlp.up_proj.weight", ff, hidden)
+        mat(p + "mlp.down_proj.weight", hidden, ff)
+        if family == "qwen2":
+            for name, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                mat(p + f"self_attn.{name}_proj.bias", n, scale=0.3)
+        if family == "qwen3":
+            norm(p + "self_attn.q_norm.weight", hd)
+            norm(p + "self_attn.k_norm.weight", hd)
+    _save(folder, w, dtype, shards, save_file)
+    arch = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}[family]
+    config = {"architectures": [arch], "model_type": family, "hidden_size": hidden, "intermediate_size": ff,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": n_vocab,
+              "tie_word_embeddings": tied, "hidden_act": "silu", "rope_scaling": rope_scaling,
+              "_name_or_path": f"tiny-{family}"}
+    if head_dim:
+        config["head_dim"] = head_dim
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9, "top_k": 20}))
+    return folder
+
+
+def _save(folder: Path, w: dict, dtype: str, shards: int, save_file) -> None:
+    def typed(a: np.ndarray) -> np.ndarray:
+        if dtype == "F16":
+            return a.astype(np.float16)
+        if dtype == "BF16":  # stored as its raw 16 bits, truncated: the reference reads them back the same way
+            return (a.view(np.uint32) >> 16).astype(np.uint16)
+        return a
+
+    names = list(w)
+    groups = [names[i::shards] for i in range(shards)]
+    index = {}
+    for i, group in enumerate(groups):
+        file = "model.safetensors" if shards == 1 else f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {n: typed(w[n]) for n in group}
+        save_file(tensors, str(folder / file))
+        index.update({n: file for n in group})
+        if dtype == "BF16":
+            _retag_bf16(folder / file)
+    if shards > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+
+
+def relabel(raw: bytes, old: str, new: str) -> bytes:
+    """A safetensors file's bytes with one dtype's name replaced in its header (the header's
+    length and padding redone; the data is untouched)."""
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].decode().rstrip().replace(f'"{old}"', f'"{new}"').encode()
+    header = header.ljust(-(-len(header) // 8) * 8)  # the data stays 8-byte aligned
+    return len(header).to_bytes(8, "little") + header + raw[8 + n:]
+
+
+def _retag_bf16(path: Path) -> None:
+    """safetensors.numpy has no bf16: the uint16 tensors are relabelled BF16 in the header."""
+    path.write_bytes(relabel(path.read_bytes(), "U16", "BF16"))
+
+
+def load(folder: Path) -> dict[str, np.ndarray]:
+    """Every tensor in float64, read by the safetensors library itself (bf16, which its numpy
+    side lacks, relabelled U16 in a copy of the bytes and widened here)."""
+    from safetensors.numpy import load as load_bytes
+
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors = load_bytes(relabel(file.read_bytes(), "BF16", "U16"))
+        for name, a in tensors.items():
+            out[name] = ((a.astype(np.uint32) << 16).view(np.float32) if a.dtype == np.uint16 else a).astype(np.float64)
+    return out
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _inv_freq(config: dict, hd: int) -> np.ndarray:
+    inv = config["rope_theta"] ** -(np.arange(0, hd, 2) / hd)
+    s = config.get("rope_scaling")
+    if not s:
+        return inv
+    old, low, high = s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"]
+    wave = 2 * np.pi / inv
+    smooth = (old / wave - low) / (high - low)
+    scaled = np.where(wave > old / low, inv / s["factor"], inv)
+    mid = (wave <= old / low) & (wave >= old / high)
+    return np.where(mid, (1 - smooth) * inv / s["factor"] + smooth * inv, scaled)
+
+
+def _rope(x: np.ndarray, inv: np.ndarray) -> np.ndarray:
+    """Hugging Face's rotation: the two halves of each head (rotate_half). x: (T, heads, hd)."""
+    t = np.arange(x.shape[0])[:, None] * inv[None, :]
+    cos, sin = np.cos(np.concatenate([t, t], -1))[:, None], np.sin(np.concatenate([t, t], -1))[:, None]
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def logits(folder: Path, ids: list[int]) -> np.ndarray:
+    """(len(ids), n_vocab) logits of the checkpoint, in float64."""
+    config = json.loads((folder / "config.json").read_text())
+    w = load(folder)
+    nh, nkv, eps = config["num_attention_heads"], config["num_key_value_heads"], config["rms_norm_eps"]
+    hd = config.get("head_dim") or config["hidden_size"] // nh
+    inv = _inv_freq(config, hd)
+    x = w["model.embed_tokens.weight"][ids]
+    T = len(ids)
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+
+        def proj(name: str, n: int, p: str = p, h: np.ndarray = h) -> np.ndarray:
+            y = h @ w[p + f"self_attn.{name}_proj.weight"].T
+            if p + f"self_attn.{name}_proj.bias" in w:
+                y = y + w[p + f"self_attn.{name}_proj.bias"]
+            return y.reshape(T, n, hd)
+
+        q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
+        if p + "self_attn.q_norm.weight" in w:
+            q, k = _rms(q, w[p + "self_attn.q_norm.weight"], eps), _rms(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = _rope(q, inv), _rope(k, inv)
+        k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+        att = np.einsum("hts,shd->thd", scores, v).reshape(T, nh * hd)
+        x = x + att @ w[p + "self_attn.o_proj.weight"].T
+        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    x = _rms(x, w["model.norm.weight"], eps)
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
