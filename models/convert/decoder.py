@@ -137,6 +137,29 @@ def as_type(data: np.ndarray, dtype: str) -> tuple[np.ndarray, object | None]:
     return rounded, GGMLQuantizationType.BF16
 
 
+class Streamed:
+    """One tensor as the GGUF writer sees an array (its `nbytes`, and `tofile`), converted and
+    written a block of rows at a time, so no copy of the whole tensor is ever held."""
+
+    BLOCK = 16 << 20  # float32 bytes read per block
+
+    def __init__(self, weights: Weights, name: str, dtype: str, heads: int = 0) -> None:
+        self.weights, self.name, self.dtype, self.heads = weights, name, dtype, heads
+        self.shape = weights.shape(name)
+        item = 2 if len(self.shape) >= 2 and dtype != "f32" else 4
+        self.nbytes = int(np.prod(self.shape)) * item if self.shape else item
+
+    def tofile(self, fout) -> None:
+        rows = self.shape[0] if self.shape else 1
+        per_row = max(1, int(np.prod(self.shape[1:])) * 4)
+        step = rows if self.heads else max(1, self.BLOCK // per_row)  # Q and K: whole (they are interleaved by head)
+        for start in range(0, rows, step):
+            data = self.weights.rows(self.name, start, min(rows, start + step))
+            if self.heads:
+                data = interleave(data, self.heads)
+            as_type(data, self.dtype)[0].tofile(fout)
+
+
 def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None) -> Imported:
     """Write `out` (GGUF) from a Hugging Face decoder's folder."""
     if dtype not in TYPES:
@@ -253,11 +276,10 @@ def _write(partial: Path, family: Family, shape: Shape, config: dict, vocab: Voc
         if factors is not None:
             w.write_tensor_data(factors)
         for hf, g in plan:
-            data = weights.get(hf)
+            heads = 0
             if family.interleave_rope and g.endswith(("attn_q.weight", "attn_k.weight")):
-                data = interleave(data, shape.n_head if g.endswith("attn_q.weight") else shape.n_head_kv)
-            w.write_tensor_data(as_type(data, dtype)[0])
-            del data
+                heads = shape.n_head if g.endswith("attn_q.weight") else shape.n_head_kv
+            w.write_tensor_data(Streamed(weights, hf, dtype, heads))  # type: ignore[arg-type]  # it reads nbytes, tofile
         w.close()
     except BaseException:
         w.close()

@@ -2,9 +2,9 @@
 
 The format is a little-endian u64 header length, a JSON header (each tensor's dtype, shape
 and byte range) and the raw bytes; a sharded model lists which file holds each tensor in
-`model.safetensors.index.json`. Each tensor is mapped from its file (numpy.memmap), so a
-conversion holds one tensor's converted copy at a time, not the model. bf16 (which numpy
-has no type for) is widened to float32 by a shift of its 16 bits.
+`model.safetensors.index.json`. A tensor is read by rows (`rows`), so a conversion holds a
+block of rows at a time, not the model, nor even its largest tensor. bf16 (which numpy has
+no type for) is widened to float32 by a shift of its 16 bits.
 """
 
 from __future__ import annotations
@@ -90,17 +90,29 @@ class Weights:
     def source_types(self) -> set[str]:
         return {e.dtype for e in self.entries.values()}
 
-    def get(self, name: str) -> np.ndarray:
-        """The tensor as float32 (a fresh array; the file is only mapped)."""
+    def _checked(self, name: str) -> Entry:
         e = self.entries[name]
         if e.dtype not in _TYPES:
             raise ConversionError(f"{name} is stored as {e.dtype}", "tallow converts F32, F16 and BF16 weights")
         count = int(np.prod(e.shape)) if e.shape else 1
         if count * _TYPES[e.dtype].itemsize != e.stop - e.start:
             raise ConversionError(f"{name}: {e.stop - e.start} bytes for a {e.dtype} tensor of shape {list(e.shape)}")
-        raw = np.memmap(e.file, dtype=_TYPES[e.dtype], mode="r", offset=e.start, shape=(count,))
-        if e.dtype == "BF16":
-            out = (raw.astype(np.uint32) << 16).view(np.float32)
-        else:
-            out = raw.astype(np.float32)
-        return out.reshape(e.shape)
+        return e
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a tensor (its first dimension) as float32, read from the file
+        into a fresh array: nothing of the file stays mapped, so a conversion's memory is what
+        it holds, not what it has read."""
+        e = self._checked(name)
+        per_row = int(np.prod(e.shape[1:])) if len(e.shape) > 1 else 1
+        dtype = _TYPES[e.dtype]
+        with open(e.file, "rb") as f:
+            f.seek(e.start + start * per_row * dtype.itemsize)
+            raw = np.fromfile(f, dtype=dtype, count=(stop - start) * per_row)
+        out = (raw.astype(np.uint32) << 16).view(np.float32) if e.dtype == "BF16" else raw.astype(np.float32)
+        return out.reshape((stop - start, *e.shape[1:]) if e.shape else ())
+
+    def get(self, name: str) -> np.ndarray:
+        """The whole tensor as float32."""
+        shape = self._checked(name).shape
+        return self.rows(name, 0, shape[0] if shape else 1)

@@ -51,12 +51,14 @@ def write_tokenizer(folder: Path, pre: str, vocab_size: int = 700) -> int:
 
 def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int = 64, layers: int = 2, heads: int = 4,
                        kv_heads: int = 2, ff: int = 96, tied: bool = False, head_dim: int | None = None,
-                       rope_scaling: dict | None = None, dtype: str = "F32", shards: int = 1) -> Path:
-    """A random checkpoint of `family` ("llama", "qwen2", "qwen3") in Hugging Face's layout."""
+                       rope_scaling: dict | None = None, dtype: str = "F32", shards: int = 1,
+                       vocab_size: int | None = None) -> Path:
+    """A random checkpoint of `family` ("llama", "qwen2", "qwen3") in Hugging Face's layout;
+    `vocab_size` (at least the tokenizer's) pads the embeddings, as real models do."""
     from safetensors.numpy import save_file
 
     pre = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "smollm": "smollm"}[family]
-    n_vocab = write_tokenizer(folder, pre)
+    n_vocab = max(write_tokenizer(folder, pre), vocab_size or 0)
     hd = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
     w: dict[str, np.ndarray] = {}
