@@ -302,9 +302,10 @@ def store_file(path: Path, store: Store) -> StoredFile:
 
 
 def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", on_progress: ProgressFn = no_progress,
-                     verify: Callable[[list[Path]], None] | None = None) -> Manifest:
-    """Convert a Hugging Face model (folder, zip or wheel; models/convert/bert_import.py) to GGUF in
-    the store and register it under `name`; nothing is registered when any step fails."""
+                     verify: Callable[[list[Path]], None] | None = None, origin: dict | None = None) -> Manifest:
+    """Convert a Hugging Face model (folder, zip or wheel; models/convert/source.py) to GGUF in
+    the store and register it under `name`; nothing is registered when any step fails.
+    `origin` says where it came from in the manifest (default: the path)."""
     from tallow.models.fetch import convert_into_store
 
     source = Path(source).expanduser().resolve()
@@ -312,7 +313,8 @@ def import_converted(source: Path, store: Store, name: str, dtype: str = "f16", 
     digest, size, done = convert_into_store(source, store, dtype, verify=verify, on_progress=on_progress)
     info = read_gguf(store.blob_path(digest))
     manifest = Manifest(name, [StoredFile(f"{done.name}.{dtype}.gguf", digest, size)],
-                        {"kind": "convert", "path": str(source), "type": dtype, "architecture": done.architecture},
+                        {"kind": "convert", **(origin or {"path": str(source)}), "type": dtype,
+                         "architecture": done.architecture},
                         None, gguf_facts([info]), preset=generation_preset(done.sampling))
     store.commit(manifest)
     return manifest

@@ -87,7 +87,8 @@ def quantize_model(source: LocalModel, store: Store, opts: QuantizeOptions, on_p
 
 
 def convert_quantized(source: Path, store: Store, opts: QuantizeOptions, dtype: str = "f16",
-                      verify: Callable[[list[Path]], None] | None = None, on_progress: ProgressFn | None = None) -> Manifest:
+                      verify: Callable[[list[Path]], None] | None = None, on_progress: ProgressFn | None = None,
+                      origin: dict | None = None) -> Manifest:
     """`tallow import DIR --quant TYPE`: a Hugging Face model converted (models/convert/) to a
     `dtype` GGUF, then quantized to TYPE and stored as opts.name; the intermediate file is
     removed, and the provenance names both steps."""
@@ -96,9 +97,10 @@ def convert_quantized(source: Path, store: Store, opts: QuantizeOptions, dtype: 
     quant_type(opts.type)  # an unknown type is refused before the conversion's work
     digest, _, done = convert_into_store(source, store, dtype, verify=verify)
     try:
-        local = LocalModel(str(source), [store.blob_path(digest)], digest.removeprefix("sha256-"))
+        where = origin or {"path": str(source)}
+        local = LocalModel(str(next(iter(where.values()))), [store.blob_path(digest)], digest.removeprefix("sha256-"))
         return quantize_model(local, store, opts, on_progress,
-                              converted={"path": str(source), "type": dtype, "architecture": done.architecture},
+                              converted={**where, "type": dtype, "architecture": done.architecture},
                               preset=generation_preset(done.sampling))
     finally:
         if digest not in store.digests_in_use():

@@ -153,3 +153,33 @@ def test_import_converts_and_quantizes_in_one_command(tmp_path):
     plain = run_tallow(["import", str(folder), "--name", "tiny:bf16", "--type", "bf16"], home=home)
     assert plain.returncode == 0, plain.stderr.decode()
     assert json.loads(run_tallow(["show", "tiny:bf16", "--json"], home=home).stdout)["file_type"] == "BF16"
+
+
+@pytest.mark.slow
+def test_import_from_a_hub_repository(fake_hub, synth_model, tmp_path):
+    folder = write_tiny_decoder(tmp_path / "Tiny-Qwen3", "qwen3", shards=2)
+    repo = "org/Tiny-Qwen3"
+    for file in folder.iterdir():
+        fake_hub.add(repo, file.name, file)
+    home = tmp_path / "home"
+    env = {"HF_ENDPOINT": fake_hub.url}
+    r = run_tallow(["import", repo, "--quant", "Q8_0"], home=home, env=env)
+    assert r.returncode == 0, r.stderr.decode()
+    shown = json.loads(run_tallow(["show", "Tiny-Qwen3", "--json"], home=home).stdout)
+    assert shown["file_type"] == "Q8_0"
+    assert shown["source"]["converted"] == {"repo": repo, "revision": "main", "type": "f16", "architecture": "qwen3"}
+    assert not [p for p in (home / "models" / "tmp").iterdir() if not p.name.endswith(".lock")]
+    # an architecture no converter takes: refused after config.json, before any weights
+    config = json.loads((folder / "config.json").read_text())
+    odd = tmp_path / "odd-config.json"
+    odd.write_text(json.dumps({**config, "architectures": ["Phi4FlashForCausalLM"]}))
+    fake_hub.add("org/Odd", "config.json", odd)
+    fake_hub.add("org/Odd", "model-00001-of-00002.safetensors", folder / "model-00001-of-00002.safetensors")
+    bad = run_tallow(["import", "org/Odd"], home=home, env=env)
+    assert bad.returncode == 1 and "org/Odd is a Phi4FlashForCausalLM" in bad.stderr.decode()
+    assert fake_hub.downloads("model-00001-of-00002.safetensors") == 1  # the first import's only
+    fake_hub.add("org/Only-GGUF", "m-Q8_0.gguf", synth_model)
+    gguf = run_tallow(["import", "org/Only-GGUF"], home=home, env=env)
+    assert gguf.returncode == 1 and "tallow pull org/Only-GGUF" in gguf.stderr.decode()
+    off = run_tallow(["import", repo], home=home, env={**env, "TALLOW_OFFLINE": "1"})
+    assert off.returncode == 1 and "offline mode is on" in off.stderr.decode()

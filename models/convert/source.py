@@ -39,16 +39,22 @@ def unpack(source: Path, work: Path) -> Path:
     raise ConversionError(f"{source} holds no model (no config.json, no model zip)")
 
 
+def check_convertible(config: dict, where: str = "the model") -> None:
+    """Refuse, by name, a config.json no converter here takes (before its weights are read or fetched)."""
+    arch = next(iter(config.get("architectures") or []), None)
+    if decoder.family_of(config) is None and config.get("model_type") != "bert" and arch not in bert_import.ENCODERS:
+        raise ConversionError(f"{where} is a {arch or config.get('model_type') or 'model of unknown kind'}, which "
+                              "tallow does not convert",
+                              "tallow converts " + ", ".join([*decoder.FAMILIES, *bert_import.ENCODERS]))
+
+
 def convert_folder(folder: Path, out: Path, dtype: str = "f16", name: str | None = None) -> Imported:
     """The converter the folder's config.json calls for; anything else refused by name."""
     config = read_json(folder, "config.json")
+    check_convertible(config, str(folder))
     if decoder.family_of(config) is not None:
         return decoder.convert(folder, out, dtype, name)
-    arch = next(iter(config.get("architectures") or []), None)
-    if config.get("model_type") == "bert" or arch in bert_import.ENCODERS:
-        return bert_import.convert(folder, out, dtype, name)
-    raise ConversionError(f"{folder} is a {arch or config.get('model_type') or 'model of unknown kind'}, which tallow "
-                          "does not convert", "tallow converts " + ", ".join([*decoder.FAMILIES, *bert_import.ENCODERS]))
+    return bert_import.convert(folder, out, dtype, name)
 
 
 def import_source(source: Path, out: Path, dtype: str = "f16", temp_root: Path | None = None,

@@ -23,7 +23,7 @@ def _complete_type(incomplete: str) -> list[str]:
 def _default_name(source_name: str, type_name: str) -> str:
     repo, _, tag = source_name.partition(":")
     if source_name.endswith(".gguf") or "/" in source_name and Path(source_name).exists():
-        from tallow.cli.commands.store.store_cmds import default_name
+        from tallow.cli.commands.store.import_cmds import default_name
 
         return f"{default_name(Path(source_name))}:{type_name}"
     return f"{repo}:{tag}-{type_name}" if tag and tag != "latest" else f"{repo}:{type_name}"
