@@ -27,6 +27,8 @@ CASES = {
     "smollm-f16": dict(family="smollm", dtype="F16"),
     "qwen2": dict(family="qwen2"),
     "qwen3-bf16-sharded": dict(family="qwen3", head_dim=32, dtype="BF16", shards=3),
+    "qwen3moe": dict(family="qwen3moe"),
+    "granite-tied": dict(family="granite", tied=True),
 }
 
 
@@ -83,10 +85,11 @@ def test_metadata_carries_the_template_special_tokens_and_defaults(converted):
     md = info.metadata
     tok = json.loads((folder / "tokenizer.json").read_text())
     ids = {a["content"]: a["id"] for a in tok["added_tokens"]}
-    arch = {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen3"}.get(case, "llama")
+    arch = {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen3", "qwen3moe": "qwen3moe", "granite-tied": "granite"}.get(
+        case, "llama")
     assert info.architecture == done.architecture == arch
-    assert md["tokenizer.ggml.pre"] == {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen2", "smollm-f16": "smollm"}.get(
-        case, "llama-bpe")
+    assert md["tokenizer.ggml.pre"] == {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen2", "qwen3moe": "qwen2",
+                                        "smollm-f16": "smollm", "granite-tied": "smollm"}.get(case, "llama-bpe")
     assert md["tokenizer.ggml.eos_token_id"] == ids["<|im_end|>"]
     assert md["tokenizer.ggml.padding_token_id"] == ids["<|endoftext|>"]
     assert md["tokenizer.chat_template"].startswith("{% for m in messages %}")
@@ -95,6 +98,12 @@ def test_metadata_carries_the_template_special_tokens_and_defaults(converted):
     names = {t.name for t in info.tensors}
     assert ("output.weight" in names) != ("tied" in case)
     assert ("rope_freqs.weight" in names) == ("rope" in case)
+    if case == "qwen3moe":
+        assert (md["qwen3moe.expert_count"], md["qwen3moe.expert_used_count"]) == (4, 2)
+        stacked = next(t for t in info.tensors if t.name == "blk.1.ffn_down_exps.weight")
+        assert sorted(stacked.shape) == sorted((4, 64, 48))  # experts x embedding x expert FFN
+    if case == "granite-tied":
+        assert md["granite.logit_scale"] == 2.0 and md["granite.attention.scale"] == pytest.approx(0.05)
 
 
 def test_f16_and_bf16_outputs_keep_vectors_in_f32(tmp_path):

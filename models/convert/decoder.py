@@ -1,9 +1,10 @@
 """Convert a Hugging Face decoder (safetensors, tokenizer.json) to GGUF, without torch.
 
 The families: Llama (and SmolLM, Mistral), written as llama.cpp's `llama`; Qwen2 and 2.5
-(`qwen2`: biases on Q, K and V); Qwen3 (`qwen3`: RMS norms on each head's Q and K). Each
-tensor is read, converted and written on its own (safetensors_read.py maps the files), so
-memory is bounded by the largest tensor, not the model.
+(`qwen2`: biases on Q, K and V); Qwen3 (`qwen3`: RMS norms on each head's Q and K) and its
+MoE (`qwen3moe`: a router and each layer's experts stacked into one tensor per projection);
+Granite (`granite`: Llama's layout with embedding, residual, attention and logit
+multipliers). Each tensor is read, converted and written in blocks of rows (streamed.py).
 
 Rotary layout: Hugging Face's Llama rotates the two halves of each head (rotate_half), and
 llama.cpp's `llama` rotates adjacent pairs, so the Q and K rows of each head are
@@ -25,6 +26,7 @@ import numpy as np
 from tallow.models.convert.bpe_vocab import Vocabulary, read_vocabulary
 from tallow.models.convert.common import ConversionError, Imported, read_json
 from tallow.models.convert.safetensors_read import Weights
+from tallow.models.convert.streamed import Streamed
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class Family:
     interleave_rope: bool  # Q and K rows reordered for llama.cpp's adjacent-pair rotation
     qkv_bias: bool = False
     qk_norm: bool = False
+    moe: bool = False  # experts (stacked per layer) behind a router, in place of one MLP
+    scaled: bool = False  # Granite's embedding, residual, attention and logit multipliers
 
 
 FAMILIES = {
@@ -40,7 +44,10 @@ FAMILIES = {
     "MistralForCausalLM": Family("llama", True),
     "Qwen2ForCausalLM": Family("qwen2", False, qkv_bias=True),
     "Qwen3ForCausalLM": Family("qwen3", False, qk_norm=True),
+    "Qwen3MoeForCausalLM": Family("qwen3moe", False, qk_norm=True, moe=True),
+    "GraniteForCausalLM": Family("granite", True, scaled=True),
 }
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 TYPES = ("f16", "bf16", "f32")
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -49,7 +56,7 @@ _LAYER = {
     "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
 }
 _FIXED = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
@@ -91,12 +98,6 @@ def gguf_name(hf: str, n_layer: int) -> str | None:
     return None
 
 
-def interleave(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Rows of each head reordered from the halves layout to adjacent pairs (see the module)."""
-    rows = w.shape[0] // n_head
-    return w.reshape(n_head, 2, rows // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def llama3_rope_factors(config: dict, head_dim: int) -> np.ndarray | None:
     """Llama 3.1's rope scaling as llama.cpp's per-frequency factors; None without it."""
     scaling = config.get("rope_scaling") or {}
@@ -123,43 +124,6 @@ def llama3_rope_factors(config: dict, head_dim: int) -> np.ndarray | None:
     return np.array(out, dtype=np.float32)
 
 
-def as_type(data: np.ndarray, dtype: str) -> tuple[np.ndarray, object | None]:
-    """A matrix in the file's type: (the array, gguf's raw type for bf16, else None); vectors stay f32."""
-    from gguf import GGMLQuantizationType
-
-    if data.ndim < 2 or dtype == "f32":
-        return data.astype(np.float32), None
-    if dtype == "f16":
-        return data.astype(np.float16), None
-    bits = data.astype(np.float32).view(np.uint32)
-    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)  # to nearest, ties to even
-    rounded[np.isnan(data)] = 0x7FC0
-    return rounded, GGMLQuantizationType.BF16
-
-
-class Streamed:
-    """One tensor as the GGUF writer sees an array (its `nbytes`, and `tofile`), converted and
-    written a block of rows at a time, so no copy of the whole tensor is ever held."""
-
-    BLOCK = 16 << 20  # float32 bytes read per block
-
-    def __init__(self, weights: Weights, name: str, dtype: str, heads: int = 0) -> None:
-        self.weights, self.name, self.dtype, self.heads = weights, name, dtype, heads
-        self.shape = weights.shape(name)
-        item = 2 if len(self.shape) >= 2 and dtype != "f32" else 4
-        self.nbytes = int(np.prod(self.shape)) * item if self.shape else item
-
-    def tofile(self, fout) -> None:
-        rows = self.shape[0] if self.shape else 1
-        per_row = max(1, int(np.prod(self.shape[1:])) * 4)
-        step = rows if self.heads else max(1, self.BLOCK // per_row)  # Q and K: whole (they are interleaved by head)
-        for start in range(0, rows, step):
-            data = self.weights.rows(self.name, start, min(rows, start + step))
-            if self.heads:
-                data = interleave(data, self.heads)
-            as_type(data, self.dtype)[0].tofile(fout)
-
-
 def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None) -> Imported:
     """Write `out` (GGUF) from a Hugging Face decoder's folder."""
     if dtype not in TYPES:
@@ -180,15 +144,34 @@ def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None
     return Imported(out, name, "none", shape.n_embd, n_params, family.arch, sampling_defaults(folder))
 
 
-def _plan(weights: Weights, shape: Shape, family: Family, config: dict) -> list[tuple[str, str]]:
-    """(Hugging Face name, GGUF name) of every tensor written, in order; a missing one refused."""
-    plan = [(hf, g) for hf in weights.names() if (g := gguf_name(hf, shape.n_layer)) is not None]
+def _experts(weights: Weights, n_layer: int, n_expert: int) -> list[tuple[tuple[str, ...], str]]:
+    """Each layer's experts, stacked per projection: (their names in expert order, the GGUF name)."""
+    found: dict[tuple[int, str], dict[int, str]] = {}
+    for hf in weights.names():
+        if (m := _EXPERT.fullmatch(hf)) and int(m.group(1)) < n_layer:
+            found.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = hf
+    out = []
+    for (layer, kind), by_index in sorted(found.items()):
+        if sorted(by_index) != list(range(n_expert)):
+            raise ConversionError(f"layer {layer} has {len(by_index)} {kind} experts, not the {n_expert} config.json says")
+        out.append((tuple(by_index[e] for e in range(n_expert)), f"blk.{layer}.ffn_{kind}_exps.weight"))
+    return out
+
+
+def _plan(weights: Weights, shape: Shape, family: Family, config: dict) -> list[tuple[tuple[str, ...], str]]:
+    """(the Hugging Face tensors, the GGUF name) of every tensor written, in order; one missing refused."""
+    plan: list[tuple[tuple[str, ...], str]] = [((hf,), g) for hf in weights.names()
+                                                if (g := gguf_name(hf, shape.n_layer)) is not None]
+    if family.moe:
+        plan += _experts(weights, shape.n_layer, int(config.get("num_experts") or 0))
     if config.get("tie_word_embeddings") and "lm_head.weight" in weights:
-        plan = [(hf, g) for hf, g in plan if hf != "lm_head.weight"]  # tied: llama.cpp reads token_embd
+        plan = [(hf, g) for hf, g in plan if hf != ("lm_head.weight",)]  # tied: llama.cpp reads token_embd
     have = {g for _, g in plan}
     wanted = ["token_embd.weight", "output_norm.weight"]
     for i in range(shape.n_layer):
-        parts = ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+        parts = ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output"]
+        parts += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] if family.moe else \
+            ["ffn_gate", "ffn_up", "ffn_down"]
         parts += ["attn_q_norm", "attn_k_norm"] if family.qk_norm else []
         wanted += [f"blk.{i}.{p}.weight" for p in parts]
         wanted += [f"blk.{i}.{p}.bias" for p in ("attn_q", "attn_k", "attn_v")] if family.qkv_bias else []
@@ -220,6 +203,13 @@ def _metadata(w, family: Family, shape: Shape, config: dict, vocab: Vocabulary, 
     w.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
     w.add_rope_dimension_count(shape.head_dim)
     w.add_vocab_size(len(vocab.tokens))
+    if family.moe:
+        _moe_metadata(w, config)
+    if family.scaled:
+        w.add_embedding_scale(float(config.get("embedding_multiplier", 1.0)))
+        w.add_residual_scale(float(config.get("residual_multiplier", 1.0)))
+        w.add_attention_scale(float(config.get("attention_multiplier", 1.0 / math.sqrt(shape.head_dim))))
+        w.add_logit_scale(float(config.get("logits_scaling", 1.0)))
     if shape.head_dim != shape.n_embd // shape.n_head:
         w.add_key_length(shape.head_dim)
         w.add_value_length(shape.head_dim)
@@ -242,6 +232,22 @@ def _metadata(w, family: Family, shape: Shape, config: dict, vocab: Vocabulary, 
             w.add_float32(f"general.sampling.{GENERATION[key]}", value)
 
 
+def _moe_metadata(w, config: dict) -> None:
+    """Qwen3 MoE's router: llama.cpp's qwen3moe renormalizes the chosen experts' weights, as
+    norm_topk_prob does; a model that does not, or mixes dense layers in, is refused."""
+    if not config.get("norm_topk_prob", True) or config.get("mlp_only_layers") or \
+            int(config.get("decoder_sparse_step", 1)) != 1:
+        raise ConversionError("this MoE model mixes dense layers in, or does not renormalize its experts' weights",
+                              "tallow converts Qwen3 MoE models with every layer sparse and norm_topk_prob")
+    try:
+        w.add_expert_count(int(config["num_experts"]))
+        w.add_expert_used_count(int(config["num_experts_per_tok"]))
+        w.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConversionError(f"config.json lacks a usable {exc}", "an MoE config names its experts") from exc
+    w.add_expert_weights_norm(True)
+
+
 GENERATION = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}  # HF (= Modelfile) -> GGUF
 
 
@@ -252,7 +258,7 @@ def sampling_defaults(folder: Path) -> dict[str, float]:
 
 
 def _write(partial: Path, family: Family, shape: Shape, config: dict, vocab: Vocabulary,
-           plan: list[tuple[str, str]], weights: Weights, dtype: str, name: str, folder: Path) -> int:
+           plan: list[tuple[tuple[str, ...], str]], weights: Weights, dtype: str, name: str, folder: Path) -> int:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     factors = llama3_rope_factors(config, shape.head_dim)
@@ -263,7 +269,7 @@ def _write(partial: Path, family: Family, shape: Shape, config: dict, vocab: Voc
             w.add_tensor_info("rope_freqs.weight", factors.shape, np.dtype(np.float32), factors.nbytes)
         n_params = 0
         for hf, g in plan:
-            dims = weights.shape(hf)
+            dims = weights.shape(hf[0]) if len(hf) == 1 else (len(hf), *weights.shape(hf[0]))
             n_params += int(np.prod(dims))
             matrix = len(dims) >= 2 and dtype != "f32"
             item = 2 if matrix else 4

@@ -23,6 +23,7 @@ TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['c
             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PATTERN = {name: pattern for pattern, name in SPLITS.items()}
+EXPERTS = 4
 
 
 def write_tokenizer(folder: Path, pre: str, vocab_size: int = 700) -> int:
@@ -57,7 +58,8 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
     `vocab_size` (at least the tokenizer's) pads the embeddings, as real models do."""
     from safetensors.numpy import save_file
 
-    pre = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "smollm": "smollm"}[family]
+    pre = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2", "smollm": "smollm",
+           "granite": "smollm"}[family]
     n_vocab = max(write_tokenizer(folder, pre), vocab_size or 0)
     hd = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
@@ -81,18 +83,25 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
         mat(p + "self_attn.k_proj.weight", kv_heads * hd, hidden)
         mat(p + "self_attn.v_proj.weight", kv_heads * hd, hidden)
         mat(p + "self_attn.o_proj.weight", hidden, heads * hd)
-        mat(p + "mlp.gate_proj.weight", ff, hidden)
-        mat(p + "mlp.up_proj.weight", ff, hidden)
-        mat(p + "mlp.down_proj.weight", hidden, ff)
+        if family == "qwen3moe":
+            mat(p + "mlp.gate.weight", EXPERTS, hidden, scale=1.0)
+            for e in range(EXPERTS):
+                mat(p + f"mlp.experts.{e}.gate_proj.weight", ff // 2, hidden)
+                mat(p + f"mlp.experts.{e}.up_proj.weight", ff // 2, hidden)
+                mat(p + f"mlp.experts.{e}.down_proj.weight", hidden, ff // 2)
+        else:
+            mat(p + "mlp.gate_proj.weight", ff, hidden)
+            mat(p + "mlp.up_proj.weight", ff, hidden)
+            mat(p + "mlp.down_proj.weight", hidden, ff)
         if family == "qwen2":
             for name, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
                 mat(p + f"self_attn.{name}_proj.bias", n, scale=0.3)
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3moe"):
             norm(p + "self_attn.q_norm.weight", hd)
             norm(p + "self_attn.k_norm.weight", hd)
     _save(folder, w, dtype, shards, save_file)
     arch = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}[family]
+            "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "granite": "GraniteForCausalLM"}[family]
     config = {"architectures": [arch], "model_type": family, "hidden_size": hidden, "intermediate_size": ff,
               "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": n_vocab,
@@ -100,6 +109,11 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
               "_name_or_path": f"tiny-{family}"}
     if head_dim:
         config["head_dim"] = head_dim
+    if family == "qwen3moe":
+        config.update(num_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=ff // 2, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "granite":
+        config.update(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=2.0)
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9, "top_k": 20}))
     return folder
@@ -187,7 +201,8 @@ def logits(folder: Path, ids: list[int]) -> np.ndarray:
     nh, nkv, eps = config["num_attention_heads"], config["num_key_value_heads"], config["rms_norm_eps"]
     hd = config.get("head_dim") or config["hidden_size"] // nh
     inv = _inv_freq(config, hd)
-    x = w["model.embed_tokens.weight"][ids]
+    x = w["model.embed_tokens.weight"][ids] * config.get("embedding_multiplier", 1.0)
+    residual = config.get("residual_multiplier", 1.0)
     T = len(ids)
     mask = np.triu(np.full((T, T), -np.inf), 1)
     for i in range(config["num_hidden_layers"]):
@@ -205,13 +220,33 @@ def logits(folder: Path, ids: list[int]) -> np.ndarray:
             q, k = _rms(q, w[p + "self_attn.q_norm.weight"], eps), _rms(k, w[p + "self_attn.k_norm.weight"], eps)
         q, k = _rope(q, inv), _rope(k, inv)
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
-        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
+        scores = np.einsum("thd,shd->hts", q, k) * config.get("attention_multiplier", 1 / np.sqrt(hd)) + mask
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         scores /= scores.sum(-1, keepdims=True)
         att = np.einsum("hts,shd->thd", scores, v).reshape(T, nh * hd)
-        x = x + att @ w[p + "self_attn.o_proj.weight"].T
+        x = x + residual * (att @ w[p + "self_attn.o_proj.weight"].T)
         h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = x + residual * (_moe(w, p, h, config) if "num_experts" in config else _mlp(w, p + "mlp.", h))
     x = _rms(x, w["model.norm.weight"], eps)
-    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T / config.get("logits_scaling", 1.0)
+
+
+def _mlp(w: dict, p: str, h: np.ndarray) -> np.ndarray:
+    gate = h @ w[p + "gate_proj.weight"].T
+    return ((gate / (1 + np.exp(-gate))) * (h @ w[p + "up_proj.weight"].T)) @ w[p + "down_proj.weight"].T
+
+
+def _moe(w: dict, p: str, h: np.ndarray, config: dict) -> np.ndarray:
+    """Qwen3 MoE: softmax over the router's logits, the top k kept and renormalized, their
+    experts' outputs summed by those weights."""
+    logits = h @ w[p + "mlp.gate.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    k = config["num_experts_per_tok"]
+    for t in range(h.shape[0]):
+        top = np.argsort(-probs[t])[:k]
+        weights = probs[t, top] / probs[t, top].sum()
+        for e, weight in zip(top, weights):
+            out[t] += weight * _mlp(w, p + f"mlp.experts.{e}.", h[t:t + 1])[0]
+    return out
