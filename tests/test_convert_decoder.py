@@ -29,6 +29,8 @@ CASES = {
     "qwen3-bf16-sharded": dict(family="qwen3", head_dim=32, dtype="BF16", shards=3),
     "qwen3moe": dict(family="qwen3moe"),
     "granite-tied": dict(family="granite", tied=True),
+    "llama2-spm": dict(family="llama2"),
+    "phi3-spm": dict(family="phi3"),
 }
 
 
@@ -39,10 +41,11 @@ def converted(request, tmp_path_factory):
     return request.param, folder, done
 
 
-def hf_tokens(folder, text: str) -> list[int]:
+def hf_tokens(folder, text: str, special: bool = False) -> list[int]:
+    """The tokenizers library's ids; `special`: with the post-processor's BOS, as llama.cpp adds it."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=special).ids
 
 
 def test_llama_cpp_matches_the_reference_forward_pass(converted):
@@ -73,7 +76,7 @@ def test_the_gguf_tokenizes_as_the_tokenizers_library_does(converted):
     case, folder, done = converted
     with Engine(done.path, LoadSettings(n_ctx=256, n_threads=2)) as engine:
         assert engine.tokenize(TEXT) == hf_tokens(folder, TEXT), case
-        assert engine.tokenize(SPECIAL, special=True) == hf_tokens(folder, SPECIAL), case
+        assert engine.tokenize(SPECIAL, special=True) == hf_tokens(folder, SPECIAL, special=True), case
         marks = set(hf_tokens(folder, "<|im_start|><|im_end|>"))
         assert len([t for t in engine.tokenize(SPECIAL, special=True) if t in marks]) == 3
         assert not marks & set(engine.tokenize(SPECIAL))  # as plain text, the markers are spelled out
@@ -85,13 +88,19 @@ def test_metadata_carries_the_template_special_tokens_and_defaults(converted):
     md = info.metadata
     tok = json.loads((folder / "tokenizer.json").read_text())
     ids = {a["content"]: a["id"] for a in tok["added_tokens"]}
-    arch = {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen3", "qwen3moe": "qwen3moe", "granite-tied": "granite"}.get(
-        case, "llama")
+    arch = {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen3", "qwen3moe": "qwen3moe", "granite-tied": "granite",
+            "phi3-spm": "phi3"}.get(case, "llama")
     assert info.architecture == done.architecture == arch
     assert md["tokenizer.ggml.pre"] == {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen2", "qwen3moe": "qwen2",
-                                        "smollm-f16": "smollm", "granite-tied": "smollm"}.get(case, "llama-bpe")
+                                        "smollm-f16": "smollm", "granite-tied": "smollm"}.get(
+        case, "default" if "spm" in case else "llama-bpe")
+    assert md["tokenizer.ggml.model"] == ("llama" if "spm" in case else "gpt2")
     assert md["tokenizer.ggml.eos_token_id"] == ids["<|im_end|>"]
-    assert md["tokenizer.ggml.padding_token_id"] == ids["<|endoftext|>"]
+    if "spm" in case:  # SentencePiece-style: <s> first, byte tokens, scores
+        assert md["tokenizer.ggml.bos_token_id"] == 1 and md["tokenizer.ggml.add_bos_token"] is True
+        assert md["tokenizer.ggml.add_space_prefix"] is True
+    else:
+        assert md["tokenizer.ggml.padding_token_id"] == ids["<|endoftext|>"]
     assert md["tokenizer.chat_template"].startswith("{% for m in messages %}")
     assert md["general.sampling.temp"] == pytest.approx(0.6) and md["general.sampling.top_k"] == 20
     assert done.sampling == {"temperature": 0.6, "top_p": pytest.approx(0.9), "top_k": 20.0}
@@ -124,8 +133,8 @@ def test_what_cannot_convert_is_refused_by_name(tmp_path):
     assert "GemmaForCausalLM" in err.value.message and "Qwen3ForCausalLM" in err.value.hint
     (folder / "config.json").write_text(json.dumps(config))
     tok = json.loads((folder / "tokenizer.json").read_text())
-    (folder / "tokenizer.json").write_text(json.dumps({**tok, "model": {**tok["model"], "byte_fallback": True}}))
-    with pytest.raises(ConversionError, match="SentencePiece-style"):
+    (folder / "tokenizer.json").write_text(json.dumps({**tok, "model": {**tok["model"], "type": "Unigram"}}))
+    with pytest.raises(ConversionError, match="the tokenizer is 'Unigram', not BPE"):
         import_source(folder, tmp_path / "x.gguf")
     folder = write_tiny_decoder(tmp_path / "n", "qwen3")
     from safetensors.numpy import load_file, save_file

@@ -4,7 +4,8 @@ The families: Llama (and SmolLM, Mistral), written as llama.cpp's `llama`; Qwen2
 (`qwen2`: biases on Q, K and V); Qwen3 (`qwen3`: RMS norms on each head's Q and K) and its
 MoE (`qwen3moe`: a router and each layer's experts stacked into one tensor per projection);
 Granite (`granite`: Llama's layout with embedding, residual, attention and logit
-multipliers). Each tensor is read, converted and written in blocks of rows (streamed.py).
+multipliers); Phi-3 (`phi3`: Q, K and V in one matrix, the MLP's gate and up in another,
+both written as they are: llama.cpp splits them the same way). Each tensor is read, converted and written in blocks of rows (streamed.py).
 
 Rotary layout: Hugging Face's Llama rotates the two halves of each head (rotate_half), and
 llama.cpp's `llama` rotates adjacent pairs, so the Q and K rows of each head are
@@ -23,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tallow.models.convert.bpe_vocab import Vocabulary, read_vocabulary
 from tallow.models.convert.common import ConversionError, Imported, read_json
 from tallow.models.convert.safetensors_read import Weights
 from tallow.models.convert.streamed import Streamed
+from tallow.models.convert.vocab import Vocabulary, read_vocabulary
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Family:
     interleave_rope: bool  # Q and K rows reordered for llama.cpp's adjacent-pair rotation
     qkv_bias: bool = False
     qk_norm: bool = False
+    fused: bool = False  # Q, K, V in one matrix, and the MLP's gate and up in another (Phi-3)
     moe: bool = False  # experts (stacked per layer) behind a router, in place of one MLP
     scaled: bool = False  # Granite's embedding, residual, attention and logit multipliers
 
@@ -46,6 +48,7 @@ FAMILIES = {
     "Qwen3ForCausalLM": Family("qwen3", False, qk_norm=True),
     "Qwen3MoeForCausalLM": Family("qwen3moe", False, qk_norm=True, moe=True),
     "GraniteForCausalLM": Family("granite", True, scaled=True),
+    "Phi3ForCausalLM": Family("phi3", False, fused=True),
 }
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 TYPES = ("f16", "bf16", "f32")
@@ -57,6 +60,7 @@ _LAYER = {
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 _FIXED = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
@@ -136,6 +140,9 @@ def convert(folder: Path, out: Path, dtype: str = "f16", name: str | None = None
     shape = Shape.of(config)
     weights = Weights(folder)
     vocab = read_vocabulary(folder, shape.n_vocab)
+    if family.arch == "phi3" and "<|endoftext|>" not in vocab.tokens:
+        raise ConversionError("the tokenizer has no <|endoftext|> token, which llama.cpp's phi3 looks up",
+                              "a Phi-3 tokenizer.json lists it among its added tokens")
     plan = _plan(weights, shape, family, config)
     name = name or Path(str(config.get("_name_or_path") or folder.name)).name or folder.name
     partial = out.with_name(out.name + ".partial")
@@ -169,9 +176,10 @@ def _plan(weights: Weights, shape: Shape, family: Family, config: dict) -> list[
     have = {g for _, g in plan}
     wanted = ["token_embd.weight", "output_norm.weight"]
     for i in range(shape.n_layer):
-        parts = ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output"]
+        parts = ["attn_norm", "ffn_norm", "attn_output"]
+        parts += ["attn_qkv", "ffn_up", "ffn_down"] if family.fused else ["attn_q", "attn_k", "attn_v"]
         parts += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] if family.moe else \
-            ["ffn_gate", "ffn_up", "ffn_down"]
+            [] if family.fused else ["ffn_gate", "ffn_up", "ffn_down"]
         parts += ["attn_q_norm", "attn_k_norm"] if family.qk_norm else []
         wanted += [f"blk.{i}.{p}.weight" for p in parts]
         wanted += [f"blk.{i}.{p}.bias" for p in ("attn_q", "attn_k", "attn_v")] if family.qkv_bias else []
@@ -201,10 +209,12 @@ def _metadata(w, family: Family, shape: Shape, config: dict, vocab: Vocabulary, 
     w.add_head_count_kv(shape.n_head_kv)
     w.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     w.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
-    w.add_rope_dimension_count(shape.head_dim)
+    w.add_rope_dimension_count(int(shape.head_dim * float(config.get("partial_rotary_factor") or 1.0)))
     w.add_vocab_size(len(vocab.tokens))
     if family.moe:
         _moe_metadata(w, config)
+    if family.fused and config.get("sliding_window"):  # as llama.cpp's own converter writes it
+        w.add_sliding_window(int(config["sliding_window"]))
     if family.scaled:
         w.add_embedding_scale(float(config.get("embedding_multiplier", 1.0)))
         w.add_residual_scale(float(config.get("residual_multiplier", 1.0)))
@@ -213,11 +223,16 @@ def _metadata(w, family: Family, shape: Shape, config: dict, vocab: Vocabulary, 
     if shape.head_dim != shape.n_embd // shape.n_head:
         w.add_key_length(shape.head_dim)
         w.add_value_length(shape.head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(vocab.pre)
+    w.add_tokenizer_model(vocab.model)
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
-    w.add_token_merges(vocab.merges)
+    if vocab.model == "gpt2":
+        w.add_tokenizer_pre(vocab.pre)
+        w.add_token_merges(vocab.merges)
+    else:
+        w.add_tokenizer_pre("default")
+        w.add_token_scores(vocab.scores)
+        w.add_add_space_prefix(vocab.add_space_prefix)
     for key, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id),
                      ("pad", w.add_pad_token_id)):
         if key in vocab.special:

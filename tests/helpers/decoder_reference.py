@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tallow.models.convert.bpe_vocab import SPLITS
+from tallow.models.convert.vocab import SPLITS
 
 CORPUS = ("The quick brown fox jumps over the lazy dog. Numbers 12345 and 2026-12-07, prices $3.50, "
           "café, naïve, Zürich, 東京, emoji 🙂🚀. def main(x):\n    return x * 2\n\n"
@@ -50,6 +50,38 @@ def write_tokenizer(folder: Path, pre: str, vocab_size: int = 700) -> int:
     return tok.get_vocab_size()
 
 
+def write_spm_tokenizer(folder: Path, vocab_size: int = 700, rstrip: bool = False) -> int:
+    """A SentencePiece-style BPE in Llama 2's tokenizer.json form: "▁" for spaces and before the
+    text, <unk>/<s>/</s> at 0-2, the 256 <0xNN> byte tokens next (what a piece the vocabulary
+    lacks falls back to), then the trained pieces; returns its vocabulary size. `rstrip`: the
+    chat markers swallow the whitespace after them, as Phi-3's do (and llama.cpp's phi3 does)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+
+    norm = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = norm
+    trained.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                                              special_tokens=["<unk>", "<s>", "</s>"]))
+    raw = json.loads(trained.to_str())["model"]
+    pieces = [t for t, _ in sorted(raw["vocab"].items(), key=lambda kv: kv[1]) if t not in ("<unk>", "<s>", "</s>")]
+    ordered = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in raw["merges"]]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(ordered)}, merges, unk_token="<unk>", byte_fallback=True,
+                               fuse_unk=True))
+    tok.normalizer = norm
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, rstrip=rstrip) for t in SPECIAL])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>", "add_bos_token": True,
+        "chat_template": TEMPLATE}))
+    return tok.get_vocab_size()
+
+
 def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int = 64, layers: int = 2, heads: int = 4,
                        kv_heads: int = 2, ff: int = 96, tied: bool = False, head_dim: int | None = None,
                        rope_scaling: dict | None = None, dtype: str = "F32", shards: int = 1,
@@ -59,8 +91,9 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
     from safetensors.numpy import save_file
 
     pre = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2", "smollm": "smollm",
-           "granite": "smollm"}[family]
-    n_vocab = max(write_tokenizer(folder, pre), vocab_size or 0)
+           "granite": "smollm", "llama2": "spm", "phi3": "spm"}[family]
+    made = write_spm_tokenizer(folder, rstrip=family == "phi3") if pre == "spm" else write_tokenizer(folder, pre)
+    n_vocab = max(made, vocab_size or 0)
     hd = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
     w: dict[str, np.ndarray] = {}
@@ -79,9 +112,12 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
         p = f"model.layers.{i}."
         norm(p + "input_layernorm.weight", hidden)
         norm(p + "post_attention_layernorm.weight", hidden)
-        mat(p + "self_attn.q_proj.weight", heads * hd, hidden)
-        mat(p + "self_attn.k_proj.weight", kv_heads * hd, hidden)
-        mat(p + "self_attn.v_proj.weight", kv_heads * hd, hidden)
+        if family == "phi3":
+            mat(p + "self_attn.qkv_proj.weight", (heads + 2 * kv_heads) * hd, hidden)
+        else:
+            mat(p + "self_attn.q_proj.weight", heads * hd, hidden)
+            mat(p + "self_attn.k_proj.weight", kv_heads * hd, hidden)
+            mat(p + "self_attn.v_proj.weight", kv_heads * hd, hidden)
         mat(p + "self_attn.o_proj.weight", hidden, heads * hd)
         if family == "qwen3moe":
             mat(p + "mlp.gate.weight", EXPERTS, hidden, scale=1.0)
@@ -89,6 +125,9 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
                 mat(p + f"mlp.experts.{e}.gate_proj.weight", ff // 2, hidden)
                 mat(p + f"mlp.experts.{e}.up_proj.weight", ff // 2, hidden)
                 mat(p + f"mlp.experts.{e}.down_proj.weight", hidden, ff // 2)
+        elif family == "phi3":
+            mat(p + "mlp.gate_up_proj.weight", 2 * ff, hidden)
+            mat(p + "mlp.down_proj.weight", hidden, ff)
         else:
             mat(p + "mlp.gate_proj.weight", ff, hidden)
             mat(p + "mlp.up_proj.weight", ff, hidden)
@@ -101,7 +140,8 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
             norm(p + "self_attn.k_norm.weight", hd)
     _save(folder, w, dtype, shards, save_file)
     arch = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "granite": "GraniteForCausalLM"}[family]
+            "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "granite": "GraniteForCausalLM",
+            "llama2": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}[family]
     config = {"architectures": [arch], "model_type": family, "hidden_size": hidden, "intermediate_size": ff,
               "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": n_vocab,
@@ -112,6 +152,8 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
     if family == "qwen3moe":
         config.update(num_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=ff // 2, norm_topk_prob=True,
                       decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "phi3":
+        config.update(partial_rotary_factor=0.5, sliding_window=2047)
     if family == "granite":
         config.update(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=2.0)
     (folder / "config.json").write_text(json.dumps(config))
@@ -197,10 +239,11 @@ def _rope(x: np.ndarray, inv: np.ndarray) -> np.ndarray:
 def logits(folder: Path, ids: list[int]) -> np.ndarray:
     """(len(ids), n_vocab) logits of the checkpoint, in float64."""
     config = json.loads((folder / "config.json").read_text())
-    w = load(folder)
+    w = _unfused(load(folder), config)
     nh, nkv, eps = config["num_attention_heads"], config["num_key_value_heads"], config["rms_norm_eps"]
     hd = config.get("head_dim") or config["hidden_size"] // nh
-    inv = _inv_freq(config, hd)
+    rot = int(hd * config.get("partial_rotary_factor", 1.0))  # the dimensions of each head that rotate
+    inv = _inv_freq(config, rot)
     x = w["model.embed_tokens.weight"][ids] * config.get("embedding_multiplier", 1.0)
     residual = config.get("residual_multiplier", 1.0)
     T = len(ids)
@@ -218,7 +261,8 @@ def logits(folder: Path, ids: list[int]) -> np.ndarray:
         q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
         if p + "self_attn.q_norm.weight" in w:
             q, k = _rms(q, w[p + "self_attn.q_norm.weight"], eps), _rms(k, w[p + "self_attn.k_norm.weight"], eps)
-        q, k = _rope(q, inv), _rope(k, inv)
+        q = np.concatenate([_rope(q[..., :rot], inv), q[..., rot:]], -1)
+        k = np.concatenate([_rope(k[..., :rot], inv), k[..., rot:]], -1)
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) * config.get("attention_multiplier", 1 / np.sqrt(hd)) + mask
         scores = np.exp(scores - scores.max(-1, keepdims=True))
@@ -229,6 +273,21 @@ def logits(folder: Path, ids: list[int]) -> np.ndarray:
         x = x + residual * (_moe(w, p, h, config) if "num_experts" in config else _mlp(w, p + "mlp.", h))
     x = _rms(x, w["model.norm.weight"], eps)
     return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T / config.get("logits_scaling", 1.0)
+
+
+def _unfused(w: dict, config: dict) -> dict:
+    """Phi-3's fused matrices split as its forward pass splits them: Q, K, V rows in that
+    order; the gate's rows, then the up projection's."""
+    nh, nkv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config.get("head_dim") or config["hidden_size"] // nh
+    for name in [n for n in w if n.endswith("qkv_proj.weight")]:
+        q, k, v = np.split(w.pop(name), [nh * hd, (nh + nkv) * hd])
+        for part, value in (("q", q), ("k", k), ("v", v)):
+            w[name.replace("qkv_proj", f"{part}_proj")] = value
+    for name in [n for n in w if n.endswith("gate_up_proj.weight")]:
+        gate, up = np.split(w.pop(name), 2)
+        w[name.replace("gate_up_proj", "gate_proj")], w[name.replace("gate_up_proj", "up_proj")] = gate, up
+    return w
 
 
 def _mlp(w: dict, p: str, h: np.ndarray) -> np.ndarray:
