@@ -31,6 +31,8 @@ CASES = {
     "granite-tied": dict(family="granite", tied=True),
     "llama2-spm": dict(family="llama2"),
     "phi3-spm": dict(family="phi3"),
+    "gemma3-spm-tied": dict(family="gemma3", layers=6, head_dim=32, tied=True),
+    "gemma2-spm-tied": dict(family="gemma2", layers=3, head_dim=32, tied=True),
 }
 
 
@@ -89,7 +91,8 @@ def test_metadata_carries_the_template_special_tokens_and_defaults(converted):
     tok = json.loads((folder / "tokenizer.json").read_text())
     ids = {a["content"]: a["id"] for a in tok["added_tokens"]}
     arch = {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen3", "qwen3moe": "qwen3moe", "granite-tied": "granite",
-            "phi3-spm": "phi3"}.get(case, "llama")
+            "phi3-spm": "phi3", "gemma3-spm-tied": "gemma3",
+            "gemma2-spm-tied": "gemma2"}.get(case, "llama")
     assert info.architecture == done.architecture == arch
     assert md["tokenizer.ggml.pre"] == {"qwen2": "qwen2", "qwen3-bf16-sharded": "qwen2", "qwen3moe": "qwen2",
                                         "smollm-f16": "smollm", "granite-tied": "smollm"}.get(
@@ -98,7 +101,7 @@ def test_metadata_carries_the_template_special_tokens_and_defaults(converted):
     assert md["tokenizer.ggml.eos_token_id"] == ids["<|im_end|>"]
     if "spm" in case:  # SentencePiece-style: <s> first, byte tokens, scores
         assert md["tokenizer.ggml.bos_token_id"] == 1 and md["tokenizer.ggml.add_bos_token"] is True
-        assert md["tokenizer.ggml.add_space_prefix"] is True
+        assert md["tokenizer.ggml.add_space_prefix"] is ("gemma" not in case)
     else:
         assert md["tokenizer.ggml.padding_token_id"] == ids["<|endoftext|>"]
     assert md["tokenizer.chat_template"].startswith("{% for m in messages %}")

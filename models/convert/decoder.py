@@ -5,7 +5,10 @@ The families: Llama (and SmolLM, Mistral), written as llama.cpp's `llama`; Qwen2
 MoE (`qwen3moe`: a router and each layer's experts stacked into one tensor per projection);
 Granite (`granite`: Llama's layout with embedding, residual, attention and logit
 multipliers); Phi-3 (`phi3`: Q, K and V in one matrix, the MLP's gate and up in another,
-both written as they are: llama.cpp splits them the same way). Each tensor is read, converted and written in blocks of rows (streamed.py).
+both written as they are: llama.cpp splits them the same way); Gemma 3 text (`gemma3`:
+norms stored as 1 + w, as llama.cpp applies them; norms after attention and after the MLP;
+every sixth layer global) and Gemma 2 (`gemma2`: the same norms without Q/K norms, local and
+global layers alternating, attention and final logits soft-capped). Each tensor is read, converted and written in blocks of rows (streamed.py).
 
 Rotary layout: Hugging Face's Llama rotates the two halves of each head (rotate_half), and
 llama.cpp's `llama` rotates adjacent pairs, so the Q and K rows of each head are
@@ -39,6 +42,7 @@ class Family:
     fused: bool = False  # Q, K, V in one matrix, and the MLP's gate and up in another (Phi-3)
     moe: bool = False  # experts (stacked per layer) behind a router, in place of one MLP
     scaled: bool = False  # Granite's embedding, residual, attention and logit multipliers
+    gemma: bool = False  # norms stored as w (llama.cpp wants 1 + w), a norm after attention and after the MLP
 
 
 FAMILIES = {
@@ -49,7 +53,12 @@ FAMILIES = {
     "Qwen3MoeForCausalLM": Family("qwen3moe", False, qk_norm=True, moe=True),
     "GraniteForCausalLM": Family("granite", True, scaled=True),
     "Phi3ForCausalLM": Family("phi3", False, fused=True),
+    "Gemma2ForCausalLM": Family("gemma2", False, gemma=True),
+    "Gemma3ForCausalLM": Family("gemma3", False, qk_norm=True, gemma=True),
 }
+_GEMMA_LAYER = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 TYPES = ("f16", "bf16", "f32")
 _LAYER = {
@@ -93,12 +102,13 @@ class Shape:
             raise ConversionError(f"config.json lacks a usable {exc}", "the folder's config.json is incomplete") from exc
 
 
-def gguf_name(hf: str, n_layer: int) -> str | None:
+def gguf_name(hf: str, n_layer: int, gemma: bool = False) -> str | None:
     if hf in _FIXED:
         return _FIXED[hf]
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf)
-    if m and int(m.group(1)) < n_layer and m.group(2) in _LAYER:
-        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
+    names = {**_LAYER, **_GEMMA_LAYER} if gemma else _LAYER
+    if m and int(m.group(1)) < n_layer and m.group(2) in names:
+        return f"blk.{m.group(1)}.{names[m.group(2)]}"
     return None
 
 
@@ -108,8 +118,11 @@ def llama3_rope_factors(config: dict, head_dim: int) -> np.ndarray | None:
     kind = scaling.get("rope_type") or scaling.get("type")
     if not scaling or kind in (None, "default"):
         return None
+    if kind == "linear":
+        return None  # written as llama.cpp's own linear scaling (_metadata)
     if kind != "llama3":
-        raise ConversionError(f"config.json asks for {kind!r} rope scaling", "tallow converts Llama 3's rope scaling only")
+        raise ConversionError(f"config.json asks for {kind!r} rope scaling",
+                              "tallow converts Llama 3's and linear rope scaling")
     base = float(config.get("rope_theta", 10000.0))
     factor, low, high = float(scaling["factor"]), float(scaling.get("low_freq_factor", 1.0)), \
         float(scaling.get("high_freq_factor", 4.0))
@@ -168,7 +181,7 @@ def _experts(weights: Weights, n_layer: int, n_expert: int) -> list[tuple[tuple[
 def _plan(weights: Weights, shape: Shape, family: Family, config: dict) -> list[tuple[tuple[str, ...], str]]:
     """(the Hugging Face tensors, the GGUF name) of every tensor written, in order; one missing refused."""
     plan: list[tuple[tuple[str, ...], str]] = [((hf,), g) for hf in weights.names()
-                                                if (g := gguf_name(hf, shape.n_layer)) is not None]
+                                                if (g := gguf_name(hf, shape.n_layer, family.gemma)) is not None]
     if family.moe:
         plan += _experts(weights, shape.n_layer, int(config.get("num_experts") or 0))
     if config.get("tie_word_embeddings") and "lm_head.weight" in weights:
@@ -181,6 +194,7 @@ def _plan(weights: Weights, shape: Shape, family: Family, config: dict) -> list[
         parts += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] if family.moe else \
             [] if family.fused else ["ffn_gate", "ffn_up", "ffn_down"]
         parts += ["attn_q_norm", "attn_k_norm"] if family.qk_norm else []
+        parts += ["post_attention_norm", "post_ffw_norm"] if family.gemma else []
         wanted += [f"blk.{i}.{p}.weight" for p in parts]
         wanted += [f"blk.{i}.{p}.bias" for p in ("attn_q", "attn_k", "attn_v")] if family.qkv_bias else []
     missing = [w for w in wanted if w not in have]
@@ -213,8 +227,16 @@ def _metadata(w, family: Family, shape: Shape, config: dict, vocab: Vocabulary, 
     w.add_vocab_size(len(vocab.tokens))
     if family.moe:
         _moe_metadata(w, config)
-    if family.fused and config.get("sliding_window"):  # as llama.cpp's own converter writes it
+    if (family.fused or family.gemma) and config.get("sliding_window"):  # as llama.cpp's own converter writes it
         w.add_sliding_window(int(config["sliding_window"]))
+    if family.gemma:
+        _gemma_metadata(w, family, config, shape)
+    scaling = config.get("rope_scaling") or {}
+    if (scaling.get("rope_type") or scaling.get("type")) == "linear":
+        from gguf import RopeScalingType
+
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
     if family.scaled:
         w.add_embedding_scale(float(config.get("embedding_multiplier", 1.0)))
         w.add_residual_scale(float(config.get("residual_multiplier", 1.0)))
@@ -245,6 +267,29 @@ def _metadata(w, family: Family, shape: Shape, config: dict, vocab: Vocabulary, 
             w.add_int32("general.sampling.top_k", int(value))
         else:
             w.add_float32(f"general.sampling.{GENERATION[key]}", value)
+
+
+def _gemma_metadata(w, family: Family, config: dict, shape: Shape) -> None:
+    """Gemma 2's soft-capping; and what llama.cpp's gemma2 and gemma3 fix rather than read,
+    checked: local and global layers alternating (gemma2) or every sixth global (gemma3),
+    Gemma 3's local layers rotating at base 10000, scores scaled by 1/sqrt(head width) (or,
+    as llama.cpp does for Gemma 2 27B, by the embedding's width per head). A model that
+    differs is refused rather than converted into one that answers otherwise."""
+    every = 2 if family.arch == "gemma2" else 6
+    pattern = config.get("sliding_window_pattern", every)
+    if (types := config.get("layer_types")) is not None:
+        pattern = every if all((t == "full_attention") == ((i + 1) % every == 0) for i, t in enumerate(types)) else 0
+    scalar = float(config.get("query_pre_attn_scalar", shape.head_dim))
+    departs = pattern != every or scalar not in (shape.head_dim, shape.n_embd / shape.n_head)
+    if family.arch == "gemma3":
+        departs |= float(config.get("rope_local_base_freq", 10000.0)) != 10000.0 or \
+            bool(config.get("final_logit_softcapping") or config.get("attn_logit_softcapping"))
+    if departs:
+        raise ConversionError(f"this model departs from the layout llama.cpp's {family.arch} assumes (its sliding "
+                              "window pattern, attention scale, or rope base)")
+    if family.arch == "gemma2":
+        w.add_float32("gemma2.attn_logit_softcapping", float(config.get("attn_logit_softcapping") or 0.0))
+        w.add_float32("gemma2.final_logit_softcapping", float(config.get("final_logit_softcapping") or 0.0))
 
 
 def _moe_metadata(w, config: dict) -> None:
@@ -300,7 +345,8 @@ def _write(partial: Path, family: Family, shape: Shape, config: dict, vocab: Voc
             heads = 0
             if family.interleave_rope and g.endswith(("attn_q.weight", "attn_k.weight")):
                 heads = shape.n_head if g.endswith("attn_q.weight") else shape.n_head_kv
-            w.write_tensor_data(Streamed(weights, hf, dtype, heads))  # type: ignore[arg-type]  # it reads nbytes, tofile
+            shift = 1.0 if family.gemma and g.endswith("norm.weight") else 0.0  # Gemma's norms scale by 1 + w
+            w.write_tensor_data(Streamed(weights, hf, dtype, heads, shift))  # type: ignore[arg-type]  # it reads nbytes, tofile
         w.close()
     except BaseException:
         w.close()

@@ -39,9 +39,10 @@ class Streamed:
 
     BLOCK = 16 << 20  # float32 bytes read per block
 
-    def __init__(self, weights: Weights, names: tuple[str, ...], dtype: str, heads: int = 0) -> None:
-        """`names`: one tensor, or several of one shape stacked (a layer's experts, in order)."""
-        self.weights, self.names, self.dtype, self.heads = weights, names, dtype, heads
+    def __init__(self, weights: Weights, names: tuple[str, ...], dtype: str, heads: int = 0, shift: float = 0.0) -> None:
+        """`names`: one tensor, or several of one shape stacked (a layer's experts, in order);
+        `heads`: Q or K rows to interleave; `shift`: added to every value (Gemma's norms)."""
+        self.weights, self.names, self.dtype, self.heads, self.shift = weights, names, dtype, heads, shift
         one = weights.shape(names[0])
         if any(weights.shape(n) != one for n in names):
             raise ConversionError(f"{names[0]} and the tensors stacked with it differ in shape")
@@ -59,6 +60,8 @@ class Streamed:
                 data = self.weights.rows(name, start, min(rows, start + step))
                 if self.heads:
                     data = interleave(data, self.heads)
+                if self.shift:
+                    data = data + self.shift
                 if data.ndim == 1 and len(self.shape) >= 2:
                     data = data[:, None]  # rows of stacked vectors stay matrix rows
                 as_type(data, self.dtype)[0].tofile(fout)

@@ -50,14 +50,15 @@ def write_tokenizer(folder: Path, pre: str, vocab_size: int = 700) -> int:
     return tok.get_vocab_size()
 
 
-def write_spm_tokenizer(folder: Path, vocab_size: int = 700, rstrip: bool = False) -> int:
+def write_spm_tokenizer(folder: Path, vocab_size: int = 700, rstrip: bool = False, prepend: bool = True) -> int:
     """A SentencePiece-style BPE in Llama 2's tokenizer.json form: "▁" for spaces and before the
     text, <unk>/<s>/</s> at 0-2, the 256 <0xNN> byte tokens next (what a piece the vocabulary
     lacks falls back to), then the trained pieces; returns its vocabulary size. `rstrip`: the
-    chat markers swallow the whitespace after them, as Phi-3's do (and llama.cpp's phi3 does)."""
+    chat markers swallow the whitespace after them, as Phi-3's do (and llama.cpp's phi3 does);
+    `prepend` False: no "▁" before the text, as Gemma's."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
 
-    norm = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    norm = normalizers.Sequence([normalizers.Prepend("\u2581")] * prepend + [normalizers.Replace(" ", "\u2581")])
     trained = Tokenizer(models.BPE(unk_token="<unk>"))
     trained.normalizer = norm
     trained.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
@@ -91,8 +92,9 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
     from safetensors.numpy import save_file
 
     pre = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2", "smollm": "smollm",
-           "granite": "smollm", "llama2": "spm", "phi3": "spm"}[family]
-    made = write_spm_tokenizer(folder, rstrip=family == "phi3") if pre == "spm" else write_tokenizer(folder, pre)
+           "granite": "smollm", "llama2": "spm", "phi3": "spm", "gemma2": "spm", "gemma3": "spm"}[family]
+    made = write_spm_tokenizer(folder, rstrip=family == "phi3", prepend="gemma" not in family) if pre == "spm" else \
+        write_tokenizer(folder, pre)
     n_vocab = max(made, vocab_size or 0)
     hd = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
@@ -135,13 +137,17 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
         if family == "qwen2":
             for name, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
                 mat(p + f"self_attn.{name}_proj.bias", n, scale=0.3)
-        if family in ("qwen3", "qwen3moe"):
+        if family in ("gemma2", "gemma3"):
+            norm(p + "pre_feedforward_layernorm.weight", hidden)
+            norm(p + "post_feedforward_layernorm.weight", hidden)
+        if family in ("qwen3", "qwen3moe", "gemma3"):
             norm(p + "self_attn.q_norm.weight", hd)
             norm(p + "self_attn.k_norm.weight", hd)
     _save(folder, w, dtype, shards, save_file)
     arch = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "granite": "GraniteForCausalLM",
-            "llama2": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}[family]
+            "llama2": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "gemma3": "Gemma3ForCausalLM"}[family]
     config = {"architectures": [arch], "model_type": family, "hidden_size": hidden, "intermediate_size": ff,
               "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": n_vocab,
@@ -154,6 +160,13 @@ def write_tiny_decoder(folder: Path, family: str, *, seed: int = 3, hidden: int 
                       decoder_sparse_step=1, mlp_only_layers=[])
     if family == "phi3":
         config.update(partial_rotary_factor=0.5, sliding_window=2047)
+    if family == "gemma3":  # norms hold w of (1 + w); global layers rotate at rope_theta, scaled
+        config.update(rope_theta=1e6, rope_local_base_freq=10000.0, sliding_window=512, sliding_window_pattern=6,
+                      query_pre_attn_scalar=hd, hidden_activation="gelu_pytorch_tanh",
+                      rope_scaling={"rope_type": "linear", "factor": 8.0})
+    if family == "gemma2":
+        config.update(sliding_window=4096, query_pre_attn_scalar=hd, hidden_activation="gelu_pytorch_tanh",
+                      attn_logit_softcapping=2.0, final_logit_softcapping=30.0)
     if family == "granite":
         config.update(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=2.0)
     (folder / "config.json").write_text(json.dumps(config))
@@ -236,9 +249,62 @@ def _rope(x: np.ndarray, inv: np.ndarray) -> np.ndarray:
     return x * cos + rotated * sin
 
 
+def gemma_logits(folder: Path, ids: list[int]) -> np.ndarray:
+    """Gemma 3 (text): embeddings times sqrt(hidden); RMS norms scaled by 1 + w, on the input
+    and output of attention and of the MLP and on each head's Q and K; GELU (tanh) gating;
+    every sixth layer global (base rope_theta, linear scaling), the others local (base
+    rope_local_base_freq, a sliding window); scores scaled by query_pre_attn_scalar^-1/2.
+    Gemma 2: no Q/K norms, every second layer global, one rope base, no scaling; scores
+    and final logits soft-capped (c * tanh(x / c))."""
+    gemma2 = json.loads((folder / "config.json").read_text())["architectures"] == ["Gemma2ForCausalLM"]
+    config = json.loads((folder / "config.json").read_text())
+    w = load(folder)
+    nh, nkv, eps, hd = config["num_attention_heads"], config["num_key_value_heads"], config["rms_norm_eps"], \
+        config["head_dim"]
+
+    def rms(x: np.ndarray, name: str) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (1 + w[name])
+
+    T = len(ids)
+    x = w["model.embed_tokens.weight"][ids] * np.sqrt(config["hidden_size"])
+    pos = np.arange(T)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        local = (i + 1) % (2 if gemma2 else config["sliding_window_pattern"]) != 0
+        base = config["rope_theta"] if gemma2 or not local else config["rope_local_base_freq"]
+        inv = base ** -(np.arange(0, hd, 2) / hd) / (1 if local or gemma2 else config["rope_scaling"]["factor"])
+        h = rms(x, p + "input_layernorm.weight")
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
+        if not gemma2:
+            q, k = rms(q, p + "self_attn.q_norm.weight"), rms(k, p + "self_attn.k_norm.weight")
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
+        q, k = _rope(q, inv), _rope(k, inv)
+        k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
+        allowed = (pos[None, :] <= pos[:, None]) & (~local | (pos[:, None] - pos[None, :] < config["sliding_window"]))
+        scores = np.einsum("thd,shd->hts", q, k) * config["query_pre_attn_scalar"] ** -0.5
+        if cap := config.get("attn_logit_softcapping"):
+            scores = cap * np.tanh(scores / cap)
+        scores = scores + np.where(allowed, 0, -np.inf)
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+        att = np.einsum("hts,shd->thd", scores, v).reshape(T, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + rms(att, p + "post_attention_layernorm.weight")
+        h = rms(x, p + "pre_feedforward_layernorm.weight")
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+        mlp = (gelu * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = x + rms(mlp, p + "post_feedforward_layernorm.weight")
+    out = rms(x, "model.norm.weight") @ w["model.embed_tokens.weight"].T
+    cap = config.get("final_logit_softcapping")
+    return cap * np.tanh(out / cap) if cap else out
+
+
 def logits(folder: Path, ids: list[int]) -> np.ndarray:
     """(len(ids), n_vocab) logits of the checkpoint, in float64."""
     config = json.loads((folder / "config.json").read_text())
+    if config["architectures"][0].startswith("Gemma"):
+        return gemma_logits(folder, ids)
     w = _unfused(load(folder), config)
     nh, nkv, eps = config["num_attention_heads"], config["num_key_value_heads"], config["rms_norm_eps"]
     hd = config.get("head_dim") or config["hidden_size"] // nh

@@ -21,7 +21,7 @@ def default_name(path: Path) -> str:
 
 
 def import_model(
-    path: Path = typer.Argument(..., help="A local .gguf file, a Hugging Face model to convert (a folder, zip or wheel, or ORG/REPO on the hub: a Llama, Mistral, SmolLM, Phi-3, Qwen2/2.5/3 (dense or MoE) or Granite chat model, or a BERT encoder), or a Whisper model's folder.",
+    path: Path = typer.Argument(..., help="A local .gguf file, a Hugging Face model to convert (a folder, zip or wheel, or ORG/REPO on the hub: a Llama, Mistral, SmolLM, Phi-3, Gemma 2/3, Qwen2/2.5/3 (dense or MoE) or Granite chat model, or a BERT encoder), or a Whisper model's folder.",
                                 show_default=False),
     name: Optional[str] = typer.Option(None, "--name", help="The name to store it under [default: from the file name].", show_default=False),
     link: bool = typer.Option(False, "--link", help="Use the file (and projector) in place instead of copying it into the store."),
@@ -37,11 +37,11 @@ def import_model(
     model's folder (CTranslate2's format, for tallow transcribe). A Hugging Face model
     (safetensors and tokenizer.json, in a folder, a zip, a wheel that carries one, or a hub
     repository's files, fetched resumably) is converted to GGUF first, without torch: a
-    Llama, Mistral, SmolLM, Phi-3, Qwen2/2.5/3 or Granite chat model (with its chat template and
-    generation defaults; --quant goes straight on to a quantized type), or a BERT-family
-    embedding or reranker model. With
-    --base, a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) is
-    converted to a GGUF adapter, and the base model with it is stored as NAME.
+    Llama, Mistral, SmolLM, Phi-3, Gemma 2/3, Qwen2/2.5/3 or Granite chat model (with its
+    chat template and generation defaults; --quant goes straight on to a quantized type),
+    or a BERT-family embedding or reranker model. With --base, a PEFT LoRA adapter folder
+    (adapter_config.json, adapter_model.safetensors) is converted to a GGUF adapter, and
+    the base model with it is stored as NAME.
 
     \b
     Examples:
