@@ -110,6 +110,14 @@ class FakeHub:
                 if self.command != "HEAD":  # a body after a HEAD's headers would be read as the next answer
                     self.wfile.write(body)
 
+            def _json(self, data) -> None:
+                body = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def _authorized(self) -> bool:
                 if hub.mode == "private":
                     if self.headers.get("Authorization") != f"Bearer {hub.token}":
@@ -130,13 +138,7 @@ class FakeHub:
                 if hub.delay:
                     time.sleep(hub.delay)
                 if path == "/api/models":
-                    body = json.dumps(hub.search(parse_qs(url.query))).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
+                    return self._json(hub.search(parse_qs(url.query)))
                 if path.startswith("/api/models/"):
                     rest = path[len("/api/models/"):]
                     repo, _, tail = rest.partition("/tree/")
@@ -149,13 +151,7 @@ class FakeHub:
                          "lfs": {"oid": hub.sha256(f), "size": f.stat().st_size, "pointerSize": 134}}
                         for p, f in hub.repos[repo].items()
                     ]
-                    body = json.dumps(listing).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
+                    return self._json(listing)
                 if "/resolve/" in path:
                     repo, _, tail = path.lstrip("/").partition("/resolve/")
                     file_path = tail.partition("/")[2]
