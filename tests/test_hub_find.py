@@ -199,3 +199,10 @@ def test_the_pickers_pull_what_the_arrow_keys_choose(hub, tmp_path):
     t.send("\x1b")  # Esc: nothing pulled
     assert t.wait() == 0
     assert len(json.loads(run_tallow(["list", "--json"], home=home).stdout)) == 2
+
+
+def test_a_file_whose_name_says_no_quantization_is_shown_by_its_name(hub, quantized, tmp_path):
+    hub.add("someone/Plain", "weights.gguf", quantized["Q8_0"])
+    r = run_tallow(["find", "plain"], home=tmp_path / "home", env={"HF_ENDPOINT": hub.url})
+    assert r.returncode == 0, r.stderr.decode()
+    assert re.search(r"someone/Plain .* weights\.gguf \(", r.stdout.decode())

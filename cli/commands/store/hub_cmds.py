@@ -72,7 +72,7 @@ def _may_pick() -> bool:
 
 
 def _quant_rows(found) -> list[str]:
-    return [f"{v.quant:<10} {human_bytes(v.size):>9}  needs {human_bytes(v.need) if v.need else '?':>9}  "
+    return [f"{_label(v):<10} {human_bytes(v.size):>9}  needs {human_bytes(v.need) if v.need else '?':>9}  "
             f"{_WHERE[v.where]}" for v in found]
 
 
@@ -176,7 +176,7 @@ def _show_results(results) -> None:
         table.add_column(col, no_wrap=True)
     for r in results:
         li = r.listing
-        fits = (f"{r.best.quant} ({human_bytes(r.best.size)})" if r.best else
+        fits = (f"{_label(r.best)} ({human_bytes(r.best.size)})" if r.best else
                 r.problem or ("none" if any(v.need for v in r.variants) else "?"))
         support = {True: "", False: "not in this llama.cpp", None: ""}[r.supported]
         table.add_row(li.repo, li.architecture or "?", human_count(li.parameters), li.license or "-",
@@ -184,10 +184,19 @@ def _show_results(results) -> None:
     out_console().print(table)
 
 
+def _label(v) -> str:
+    """A quantization by its name, or (a file whose name says none) by the file."""
+    return v.quant if v.quant != "?" else v.key
+
+
+def _reference(repo: str, v) -> str:
+    return f"{repo}:{v.quant}" if v.quant != "?" else f"{repo}/{v.key}"
+
+
 def _pull_picked(results, opts) -> None:
     from tallow.cli.picker import pick
 
-    rows = [f"{r.listing.repo}" + (f":{r.best.quant}" if r.best else "") for r in results]
+    rows = [_reference(r.listing.repo, r.best) if r.best else r.listing.repo for r in results]
     at = pick("pull which?", rows)
     if at is None:
         return
