@@ -199,6 +199,10 @@ def test_import_from_a_hub_repository(fake_hub, synth_model, tmp_path):
     bad = run_tallow(["import", "org/Odd"], home=home, env=env)
     assert bad.returncode == 1 and "org/Odd is a Phi4FlashForCausalLM" in bad.stderr.decode()
     assert fake_hub.downloads("model-00001-of-00002.safetensors") == 1  # the first import's only
+    fake_hub.add("org/No-Tokenizer", "config.json", folder / "config.json")
+    fake_hub.add("org/No-Tokenizer", "model-00001-of-00002.safetensors", folder / "model-00001-of-00002.safetensors")
+    bare = run_tallow(["import", "org/No-Tokenizer"], home=home, env=env)
+    assert bare.returncode == 1 and "org/No-Tokenizer has no tokenizer.json" in bare.stderr.decode()
     fake_hub.add("org/Only-GGUF", "m-Q8_0.gguf", synth_model)
     gguf = run_tallow(["import", "org/Only-GGUF"], home=home, env=env)
     assert gguf.returncode == 1 and "tallow pull org/Only-GGUF" in gguf.stderr.decode()

@@ -39,6 +39,9 @@ def fetch_checkpoint(hub: Hub, repo: str, store: Store, on_progress: ProgressFn,
         raise ConversionError(f"{repo} holds no safetensors checkpoint (config.json and *.safetensors)",
                               f"it has GGUF files: tallow pull {repo}" if gguf else "tallow imports Hugging Face "
                               "checkpoints: config.json, tokenizer.json and safetensors weights")
+    if "tokenizer.json" not in listing:
+        raise ConversionError(f"{repo} has no tokenizer.json",
+                              "tallow reads tokenizers from tokenizer.json (a tokenizer.model alone is not read)")
     total = sum(f.size for f in weights)
     check_disk(store, 2 * total, f"{repo} and its converted file")  # the download and the GGUF, side by side
     folder = store.tmp / f"checkpoint-{hashlib.sha256(repo.encode()).hexdigest()[:16]}"
