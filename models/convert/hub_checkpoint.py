@@ -1,6 +1,6 @@
 """A Hugging Face repository's safetensors checkpoint, fetched for conversion (`tallow import
-ORG/REPO`): its config first, so an architecture tallow cannot convert is refused before a
-byte of weights moves; then the tokenizer files and the weights, each resumable and checked
+ORG/REPO`): its config first, so an architecture tallow cannot convert (or a repository
+without tokenizer.json) is refused before a byte of weights moves; then the tokenizer files and the weights, each resumable and checked
 against the hub's sha256 (models/download.py), into one folder under the store's tmp/, which
 the caller removes when the conversion is done."""
 
@@ -39,9 +39,6 @@ def fetch_checkpoint(hub: Hub, repo: str, store: Store, on_progress: ProgressFn,
         raise ConversionError(f"{repo} holds no safetensors checkpoint (config.json and *.safetensors)",
                               f"it has GGUF files: tallow pull {repo}" if gguf else "tallow imports Hugging Face "
                               "checkpoints: config.json, tokenizer.json and safetensors weights")
-    if "tokenizer.json" not in listing:
-        raise ConversionError(f"{repo} has no tokenizer.json",
-                              "tallow reads tokenizers from tokenizer.json (a tokenizer.model alone is not read)")
     total = sum(f.size for f in weights)
     check_disk(store, 2 * total, f"{repo} and its converted file")  # the download and the GGUF, side by side
     folder = store.tmp / f"checkpoint-{hashlib.sha256(repo.encode()).hexdigest()[:16]}"
@@ -53,6 +50,9 @@ def fetch_checkpoint(hub: Hub, repo: str, store: Store, on_progress: ProgressFn,
             convertible(json.loads(config.read_text(encoding="utf-8")))
         except ValueError as exc:
             raise ConversionError(f"{repo}'s config.json is not JSON: {exc}") from exc
+        if "tokenizer.json" not in listing:
+            raise ConversionError(f"{repo} has no tokenizer.json",
+                                  "tallow reads tokenizers from tokenizer.json (a tokenizer.model alone is not read)")
         for f in [listing[p] for p in SIDE_FILES if p in listing] + weights:
             _fetch(hub, repo, f, store, folder, on_progress)
     except BaseException:
