@@ -14,6 +14,7 @@ from helpers.processes import run_tallow
 
 from tallow.models.convert.common import ConversionError
 from tallow.models.convert.source import import_source
+from tallow.models.convert.vocab import read_vocabulary
 from tallow.models.gguf_file import read_gguf, type_name
 
 TEXT = ("The quick brown fox 12345 and 3.14159, café naïve Zürich 東京 🙂🚀\n"
@@ -208,3 +209,20 @@ def test_import_from_a_hub_repository(fake_hub, synth_model, tmp_path):
     assert gguf.returncode == 1 and "tallow pull org/Only-GGUF" in gguf.stderr.decode()
     off = run_tallow(["import", repo], home=home, env={**env, "TALLOW_OFFLINE": "1"})
     assert off.returncode == 1 and "offline mode is on" in off.stderr.decode()
+
+
+def test_bos_is_read_as_llama_3_declares_it(tmp_path):
+    """Llama 3's tokenizer_config has no add_bos_token: its post-processor, a Sequence of a
+    ByteLevel step and a template, puts <|begin_of_text|> first."""
+    folder = write_tiny_decoder(tmp_path / "m", "llama")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["add_bos_token"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    template = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                                         {"Sequence": {"id": "A", "type_id": 0}}], "pair": [],
+                "special_tokens": {}}
+    for post, adds in (({"type": "Sequence", "processors": [{"type": "ByteLevel"}, template]}, True),
+                       ({"type": "ByteLevel"}, False), (None, False)):
+        (folder / "tokenizer.json").write_text(json.dumps({**tok, "post_processor": post}))
+        assert read_vocabulary(folder, 10).add_bos is adds

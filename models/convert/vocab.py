@@ -162,8 +162,14 @@ def _special_ids(config: dict, tokens: list[str]) -> dict[str, int]:
 
 
 def _adds_bos(config: dict, tok: dict) -> bool:
+    """tokenizer_config.json's add_bos_token; else (Llama 3) what the post-processor does: a
+    template (alone, or in a Sequence of processors) that puts a special token before $A."""
     add_bos = config.get("add_bos_token")
-    if add_bos is None:  # Llama 3 says it through its post-processor: a special token before $A
-        single = ((tok.get("post_processor") or {}).get("single") or [{}])
-        add_bos = "SpecialToken" in (single[0] if single else {})
-    return bool(add_bos)
+    if add_bos is not None:
+        return bool(add_bos)
+    post = tok.get("post_processor") or {}
+    for step in post.get("processors", []) if post.get("type") == "Sequence" else [post]:
+        if step.get("type") == "TemplateProcessing":
+            single = step.get("single") or [{}]
+            return "SpecialToken" in single[0]
+    return False
