@@ -41,9 +41,9 @@ def pick(title: str, rows: list[str], start: int = 0) -> int | None:
     saved = termios.tcgetattr(fd)
     at = max(0, min(start, len(rows) - 1))
     out = sys.stderr
-    out.write(f"{title}  (up/down to move, Enter to pull, Esc to cancel)\n")
     try:
-        tty.setcbreak(fd)
+        tty.setcbreak(fd, termios.TCSANOW)  # not TCSAFLUSH: a key typed ahead of the list is kept
+        out.write(f"{title}  (up/down to move, Enter to pull, Esc to cancel)\n")
         while True:
             for i, row in enumerate(rows):
                 out.write("\x1b[2K" + (f"\x1b[7m> {row}\x1b[0m" if i == at else f"  {row}") + "\n")

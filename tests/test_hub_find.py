@@ -186,7 +186,7 @@ def test_the_pickers_pull_what_the_arrow_keys_choose(hub, tmp_path):
     assert [m["quantization"] for m in listed] == ["F16"]
     t = terminal(["find", "synth"], hub, home)
     t.read_until("pull which")
-    t.send("j")  # down: the second result
+    t.send("j")  # down: the second result (typed as soon as the title shows: a key typed ahead is kept)
     t.read_until(f"> {OTHER}:Q8_0")
     t.send("\r")
     t.read_until(r"pulled someone/Other-Synth-GGUF:Q8_0")
