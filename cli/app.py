@@ -156,6 +156,10 @@ def run_app(argv: list[str]) -> int:
     from tallow.cli.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
     errors.invocation[:] = argv
+    if not argv and sys.stdin.isatty() and sys.stdout.isatty():
+        from tallow.cli.screens.welcome import welcome
+
+        return welcome()
     try:
         rv = app(argv, prog_name="tallow", standalone_mode=False)
     except typer.Exit as exc:

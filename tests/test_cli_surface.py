@@ -147,3 +147,22 @@ def test_help_and_list_import_no_command_they_do_not_run(tmp_path):
     assert [m for m in loaded if m.startswith("tallow.cli.commands.")] == ["tallow.cli.commands.store",
                                                                              "tallow.cli.commands.store.store_cmds"]
     assert not [m for m in loaded if m.startswith("pydantic")], loaded
+
+
+def test_tallow_alone_on_a_terminal_shows_the_models_and_where_to_start(synth_model, tmp_path):
+    from helpers.processes import run_tallow, tallow_env
+    from helpers.terminal import Terminal, plain
+
+    home = tmp_path / "home"
+    t = Terminal([], tallow_env(home, {"TERM": "xterm"}))
+    seen = plain(t.read_until(r"every command"))
+    assert t.wait() == 0
+    assert "No models stored yet." in seen and 'tallow run smollm2:135m "Why is the sky blue?"' in seen
+    assert "tallow find QUERY" in seen and "Usage:" not in seen
+    assert run_tallow(["import", str(synth_model), "--name", "synth:f32", "--link"], home=home).returncode == 0
+    t = Terminal([], tallow_env(home, {"TERM": "xterm"}))
+    seen = plain(t.read_until(r"every command"))
+    assert t.wait() == 0
+    assert "Stored models (1):" in seen and "synth:f32" in seen and "F32" in seen
+    piped = run_tallow([], home=home)  # not a terminal: the usage text, as scripts have always had it
+    assert piped.returncode == 2 and "Usage: tallow" in piped.stdout.decode()

@@ -66,7 +66,7 @@ def pull(
 
 
 def _may_pick() -> bool:
-    from tallow.cli.picker import can_pick
+    from tallow.cli.screens.picker import can_pick
 
     return can_pick()
 
@@ -79,7 +79,7 @@ def _quant_rows(found) -> list[str]:
 def _picked(ref: HubRef, opts) -> HubRef | None:
     """On a terminal: the quantization chosen from the list (the largest that fits marked);
     None where there is nothing to choose (one file, or not GGUF)."""
-    from tallow.cli.picker import pick
+    from tallow.cli.screens.picker import pick
     from tallow.models.pull import quantizations
 
     found, best = quantizations(ref, opts)
@@ -194,7 +194,7 @@ def _reference(repo: str, v) -> str:
 
 
 def _pull_picked(results, opts) -> None:
-    from tallow.cli.picker import pick
+    from tallow.cli.screens.picker import pick
 
     rows = [_reference(r.listing.repo, r.best) if r.best else r.listing.repo for r in results]
     at = pick("pull which?", rows)
