@@ -175,13 +175,13 @@ def budget(opts: PullOptions) -> Budget:
     return Budget(opts.free_memory(), opts.free_vram(), opts.ctx_cap)
 
 
-def quantizations(ref: HubRef, opts: PullOptions) -> tuple[list[Variant], Variant | None]:
-    """Every GGUF quantization of a hub repository with its fit verdict, and the one a pull
-    without a quantization takes (None: none fits)."""
+def quantizations(ref: HubRef, opts: PullOptions, room: Budget) -> tuple[list[Variant], Variant | None]:
+    """Every GGUF quantization of a hub repository with its fit verdict in `room`, and the one
+    a pull without a quantization takes (None: none fits)."""
     if opts.offline:
         raise OfflineError(f"offline mode is on: cannot list {ref.repo}'s files", "unset TALLOW_OFFLINE to ask the hub")
     found, _ = variants(opts.hub, ref.repo, [f for f in opts.hub.list_files(ref.repo) if f.path.lower().endswith(".gguf")],
-                        budget(opts))
+                        room)
     return found, largest_fitting(found)
 
 

@@ -80,9 +80,9 @@ def _picked(ref: HubRef, opts) -> HubRef | None:
     """On a terminal: the quantization chosen from the list (the largest that fits marked);
     None where there is nothing to choose (one file, or not GGUF)."""
     from tallow.cli.screens.picker import pick
-    from tallow.models.pull import quantizations
+    from tallow.models.pull import budget, quantizations
 
-    found, best = quantizations(ref, opts)
+    found, best = quantizations(ref, opts, budget(opts))
     if len(found) < 2:
         return None
     start = found.index(best) if best is not None else 0
@@ -96,7 +96,8 @@ def _picked(ref: HubRef, opts) -> HubRef | None:
 def _list_quants(ref: HubRef, opts, as_json: bool) -> None:
     from tallow.models.pull import budget, quantizations
 
-    found, best = quantizations(ref, opts)
+    room = budget(opts)  # one reading of free memory: the verdicts and the line that states it agree
+    found, best = quantizations(ref, opts, room)
     if as_json:
         sys.stdout.write(json.dumps([{**v.to_json(), "chosen": v is best} for v in found]) + "\n")
         return
@@ -110,7 +111,7 @@ def _list_quants(ref: HubRef, opts, as_json: bool) -> None:
                       "<- pull takes this" if v is best else "")
     out_console().print(table)
     ctx = next((v.n_ctx for v in found if v.n_ctx), 0)
-    say(f"judged for {budget(opts).words()}" + (f", with a {ctx}-token context" if ctx else ""))
+    say(f"judged for {room.words()}" + (f", with a {ctx}-token context" if ctx else ""))
 
 
 def parse_count(text: str | None, flag: str) -> int | None:
@@ -154,7 +155,8 @@ def find(
         from tallow.common.errors import TallowError
 
         raise TallowError("offline mode is on: the hub cannot be searched", "unset TALLOW_OFFLINE (or drop --offline)")
-    results = search(opts.hub, query, sort=sort, limit=limit, filters=filters, budget=budget(opts),
+    room = budget(opts)
+    results = search(opts.hub, query, sort=sort, limit=limit, filters=filters, budget=room,
                      supports=knows_architecture)
     if as_json:
         sys.stdout.write(json.dumps([r.to_json() for r in results]) + "\n")
@@ -163,7 +165,7 @@ def find(
         say(f"no GGUF repository on the hub matches {query!r}" + (" with those filters" if filters.active else ""))
         return
     _show_results(results)
-    say(f"fit judged for {budget(opts).words()}")
+    say(f"fit judged for {room.words()}")
     if _may_pick():
         _pull_picked(results, opts)
 
