@@ -15,7 +15,7 @@ Scheduling (docs/DESIGN.md, "Remote endpoints and fleets"):
   met (ties broken by rendezvous hashing), and moves only when that endpoint goes out of
   service, so requests sharing a long prefix meet a warm prompt cache; such a request
   waits for its endpoint, unless another endpoint is idle with no waiting request pinned
-  to it (that one takes it, rather than sit idle);
+  to it (that one takes it, rather than sit idle; the summary counts those);
 - 429, 5xx, a refused or lost connection: the request is tried again after a backoff
   (doubling from `backoff_s`, at most 30 s, or the server's Retry-After), up to `retries`
   times; a 4xx is the request's own fault and is recorded as its error at once;
@@ -142,12 +142,15 @@ class Job:
     attempts: int = 0
     not_before: float = 0.0
     last_error: str = ""
+    away: bool = False  # sent to a member other than its key's (an idle one took it)
 
 
 @dataclass
 class FleetStats(BatchStats):
     members: list[Member] = field(default_factory=list)
     holders: str = "servers"  # what holds the prompt caches, as the summary names them
+    keyed: int = 0  # answered requests with a prefix key
+    away: int = 0  # of those, answered by a member other than the one their key is pinned to
 
     def cache_line(self) -> str:
         reported = [m for m in self.members if m.reported]
@@ -157,6 +160,13 @@ class FleetStats(BatchStats):
         cached = sum(m.cached_tokens for m in reported)
         share = cached / prompt if prompt else 0.0
         return f"prompt cache: {cached} of {prompt} prompt tokens ({share:.0%}) served from the {self.holders}' caches"
+
+    def affinity_line(self) -> str:
+        """How far prefix affinity held this run; empty when no request had a prefix key."""
+        if not self.keyed:
+            return ""
+        return (f"prefix affinity: {self.keyed - self.away} of {self.keyed} requests answered where their prefix "
+                f"is pinned, {self.away} by an idle one")
 
 
 def rendezvous(key: str, members: list[Member]) -> list[Member]:
@@ -299,6 +309,7 @@ class FleetRun:
             if member is None:
                 continue
             self.waiting.remove(job)
+            job.away = job.key is not None and fleet.pins.get(job.key) is not member
             if not self.dispatched:  # the rate counts from the first request, as a local batch's
                 self.dispatched, self.stats.started = True, time.perf_counter()  # (members' start-up excluded)
             member.inflight += 1
@@ -388,5 +399,7 @@ class FleetRun:
             member.prompt_tokens += outcome.prompt_tokens
             member.cached_tokens += outcome.cached_tokens
         self.stats.done += 1
+        self.stats.keyed += job.key is not None
+        self.stats.away += job.away
         self.stats.completion_tokens += outcome.completion_tokens
         self.on_progress(self.stats)

@@ -70,7 +70,9 @@ def test_not_ready_while_the_start_model_loads_then_ready(synth_model, tmp_path)
 
 
 def test_sigterm_drains_four_streams_refuses_new_requests_and_exits_0(synth_model, tmp_path):
-    s = Server(synth_model, tmp_path, "--parallel", "4", "--drain-timeout", "120")
+    # Four slots of 4,096 tokens: streams of 3,000 tokens last several times longer than the
+    # checks below even when the machine is busy (600 tokens were once over before /health).
+    s = Server(synth_model, tmp_path, "--parallel", "4", "--ctx", "16384", "--drain-timeout", "120")
     client = s.client()
     results: dict[int, dict] = {}
     started = threading.Barrier(5)
@@ -78,8 +80,7 @@ def test_sigterm_drains_four_streams_refuses_new_requests_and_exits_0(synth_mode
     def stream(i: int) -> None:
         text, finish, first = "", None, True
         for chunk in client.chat.completions.create(
-                # long enough that the streams outlast the checks below, even on a loaded machine
-                model="tallow", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=600, stream=True,
+                model="tallow", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=3000, stream=True,
                 extra_body={"ignore_eos": True}, temperature=0):
             if first:
                 first = False

@@ -203,6 +203,8 @@ def _report(stats, input: Path, output: Path) -> None:
     if members:  # with --endpoint: each server's share, and what its prompt cache served
         if stats.done:  # (nothing answered this run: nothing to say about the caches)
             console.print(stats.cache_line(), soft_wrap=True)
+            if stats.affinity_line():
+                console.print(stats.affinity_line(), soft_wrap=True)
         for m in members:
             state = " (out of service now)" if m.down_until > time.monotonic() else ""
             console.print(f"  {m.target.name}: {m.done} answered, {m.retried} failed and retried{state}",
