@@ -69,7 +69,7 @@ NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither load nor save
 ToolFormat = Annotated[str, typer.Option("--tool-format", help="Tool-call format: auto (from the chat template), hermes, llama3, mistral or generic.")]
 NoLog = Annotated[bool, typer.Option("--no-log", help="Do not record this in the history log (also TALLOW_NO_LOG=1).")]
 Parallel = Annotated[int, typer.Option("--parallel", "-p", min=1, max=256, help="Requests decoded together (continuous batching).")]
-Deterministic = Annotated[bool, typer.Option("--deterministic", help="Answers that do not depend on the other requests in the batch (slower; see the README).")]
+Deterministic = Annotated[bool, typer.Option("--deterministic", help="Answers that do not depend on the other requests in the batch (slower; see docs/serving.md).")]
 KvUnified = Annotated[bool, typer.Option("--kv-unified", help="One KV buffer for all sequences, so one request may use all of --ctx (requests wait for room); default: --ctx split evenly.")]
 OnOverflow = Annotated[str, typer.Option("--on-overflow", help="When the conversation outgrows the context: drop (the oldest turns, with a notice) or error.")]
 Endpoint = Annotated[Optional[list[str]], typer.Option("--endpoint", help="Send the requests to this OpenAI-compatible server (its base URL, e.g. http://127.0.0.1:8080/v1) instead of a local engine (also TALLOW_ENDPOINT).", show_default=False)]

@@ -3,7 +3,7 @@ byte limit and one deadline for the whole fetch, redirects included. A server st
 never builds a fetcher, so no request can make it open a socket.
 
 Fetching for a client lets that client make the server request any address it can reach
-(the server's own network included): the flag is off by default, and the README says so.
+(the server's own network included): the flag is off by default, and docs/serving.md says so.
 """
 
 from __future__ import annotations

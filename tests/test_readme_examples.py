@@ -1,9 +1,10 @@
-"""Every console example of the README, run in order as a newcomer would, on a terminal, in a
-fresh home, and held against what the README shows (tests/helpers/readme_examples.py says how).
+"""Every console example of the README and of the manual's pages (docs/, in mkdocs.yml's
+order), run in order as a newcomer would, on a terminal, in a fresh home, and held against
+what the page shows (tests/helpers/readme_examples.py says how).
 
 The machine is this one, so timings, answers and this CPU's figures are not compared; the
 default model comes from a local package index (as pip's would serve it), nothing from the
-network. A README change that breaks an example fails here.
+network. A page change that breaks an example fails here.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from pathlib import Path
 import pytest
 from helpers.package_index import make_wheel, start_package_index
 from helpers.processes import new_user_env
-from helpers.readme_examples import Block, compare, parse
+from helpers.readme_examples import Block, compare, manual, parse
 from helpers.terminal import Terminal, plain
 
-pytestmark = pytest.mark.slow  # every console block of the README
+pytestmark = pytest.mark.slow  # every console block of the README and the manual
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKS = parse((ROOT / "README.md").read_text(encoding="utf-8"))
+BLOCKS = [(page.relative_to(ROOT).as_posix(), block) for page in manual(ROOT)
+          for block in parse(page.read_text(encoding="utf-8"))]
 
 
 def report_text() -> str:
@@ -110,12 +112,14 @@ def newcomer(default_model, synth_model, minilm_source, tmp_path_factory):
     stop()
 
 
-def test_the_readme_has_examples_to_run():
-    assert len(BLOCKS) >= 10 and sum(len(b.commands) for b in BLOCKS) >= 20
+def test_the_readme_and_the_manual_have_examples_to_run():
+    pages = {page for page, _ in BLOCKS}
+    assert "README.md" in pages and len(pages) >= 5
+    assert len(BLOCKS) >= 10 and sum(len(b.commands) for _, b in BLOCKS) >= 20
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}-{b.section[:30]}" for b in BLOCKS])
-def test_readme_example(block: Block, newcomer: Newcomer):
+@pytest.mark.parametrize("page,block", BLOCKS, ids=[f"{p}:{b.line}-{b.section[:30]}" for p, b in BLOCKS])
+def test_readme_example(page: str, block: Block, newcomer: Newcomer):
     if block.skip:
         pytest.skip(block.skip)
     for name in block.files:
@@ -130,6 +134,6 @@ def test_readme_example(block: Block, newcomer: Newcomer):
                 (newcomer.home / cmd.text.split()[1]).write_text("\n".join(cmd.expected) + "\n")
             printed = newcomer.run(cmd.text, cmd.expected)
             problems = compare(cmd.text, cmd.expected, printed)
-            assert not problems, f"README line {block.line}: $ {cmd.text}\n" + "\n".join(problems)
+            assert not problems, f"{page} line {block.line}: $ {cmd.text}\n" + "\n".join(problems)
     finally:
         newcomer.end_block()

@@ -26,7 +26,7 @@ def load_failure(exc: BaseException, what: str = "llama.cpp") -> BackendError:
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "libcuda" in detail:
         hint = ("this llama-cpp-python was built for CUDA and needs the NVIDIA driver; to run on the CPU of a machine"
-                " without one, rebuild it with -DGGML_CUDA_NO_VMM=ON (the README's GPU section)")
+                " without one, rebuild it with -DGGML_CUDA_NO_VMM=ON (docs/gpu.md)")
     else:
         hint = "reinstall it: pip install --no-cache-dir --force-reinstall llama-cpp-python"
     return BackendError(f"{what} could not be loaded: {detail}", hint)

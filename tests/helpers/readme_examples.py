@@ -1,4 +1,5 @@
-"""The README's console examples as data, and how a run's output is held against them.
+"""The console examples of the README and the manual's pages as data, and how a run's output
+is held against them.
 
 A ```console block holds commands (`$ ...`, continued on the next lines while a quote is
 open) and the output each printed. A comment on the line just before the block steers
@@ -21,6 +22,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -31,12 +33,28 @@ class Command:
 
 @dataclass
 class Block:
-    line: int  # where the block starts in the README (1-based)
+    line: int  # where the block starts in its file (1-based)
     section: str
     commands: list[Command]
     before: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     skip: str | None = None
+
+
+def manual(root: Path) -> list[Path]:
+    """The README, then the manual's pages in the order of mkdocs.yml's nav (a newcomer's
+    order: later pages may use what earlier ones stored)."""
+    import yaml
+
+    def flat(items: list) -> list[str]:
+        out: list[str] = []
+        for item in items:
+            for value in (item.values() if isinstance(item, dict) else [item]):
+                out += flat(value) if isinstance(value, list) else [value]
+        return out
+
+    nav = yaml.safe_load((root / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    return [root / "README.md", *(root / "docs" / page for page in flat(nav))]
 
 
 def parse(readme: str) -> list[Block]:
@@ -67,7 +85,7 @@ def parse(readme: str) -> list[Block]:
                     elif key == "skip":
                         block.skip = value.strip() or "marked"
                     else:
-                        raise ValueError(f"README line {start}: unknown example directive {key!r}")
+                        raise ValueError(f"line {start}: unknown example directive {key!r}")
             if block.commands:
                 blocks.append(block)
         i += 1
