@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from tallow.cli.reference import (BEGIN, END, PARAM_BEGIN, PARAM_END, VERSION_LINE, pages, render,
-                                  render_parameters, section, version_line)
+from tallow.cli.reference import (
+    BEGIN,
+    END,
+    PARAM_BEGIN,
+    PARAM_END,
+    VERSION_LINE,
+    pages,
+    render,
+    render_parameters,
+    section,
+    version_line,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
