@@ -57,6 +57,7 @@ COMMANDS: dict[str, tuple[str, str, str, bool]] = {
     "usage": ("keys_cmds", "usage", "Show what each key used, metered by serve --auth keys.", False),
     "mcp": ("mcp_cmds", "mcp_app", "MCP servers' tools, for run --mcp.", False),
     "launch": ("agents.launch", "launch", "Point a coding agent at tallow and run it.", False),
+    "docs": ("docs_cmd", "docs", "Read the manual: a page here, or the site in a browser.", False),
 }
 
 

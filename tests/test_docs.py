@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.processes import run_tallow
 
 from tallow.cli.reference import (
     BEGIN,
@@ -74,3 +75,28 @@ def test_a_broken_anchor_fails_the_build(tmp_path):
                          cwd=copy, capture_output=True, text=True, timeout=300, env={"NO_MKDOCS_2_WARNING": "1",
                                                                                      "PATH": "/usr/bin:/bin"})
     assert got.returncode != 0 and "no-such-part" in got.stderr
+
+
+def test_tallow_docs_lists_the_pages_and_shows_one(tmp_path):
+    listed = run_tallow(["docs"], home=tmp_path)
+    assert listed.returncode == 0
+    names = {line.split()[0] for line in listed.stdout.decode().splitlines()}
+    assert {"running", "serving", "clients", "commands", "parameters"} <= names and "DESIGN" not in names
+    shown = run_tallow(["docs", "clients"], home=tmp_path)  # not a terminal: the page's Markdown itself
+    assert shown.returncode == 0 and shown.stdout.decode() == (DOCS / "clients.md").read_text(encoding="utf-8")
+    where = run_tallow(["docs", "--path"], home=tmp_path)
+    assert (Path(where.stdout.decode().strip()) / "running.md").is_file()
+    bad = run_tallow(["docs", "nosuchpage"], home=tmp_path)
+    assert bad.returncode == 2 and "no page 'nosuchpage'" in bad.stderr.decode() and "running" in bad.stderr.decode()
+
+
+def test_tallow_docs_open_opens_the_built_site_or_says_how_to_build_it(tmp_path):
+    seen = tmp_path / "opened"
+    browser = tmp_path / "browser"
+    browser.write_text(f"#!/bin/sh\necho \"$1\" > {seen}\n")
+    browser.chmod(0o755)
+    got = run_tallow(["docs", "serving", "--open"], home=tmp_path, env={"BROWSER": str(browser)})
+    if (ROOT / "site" / "index.html").is_file():  # built in this checkout (mkdocs build)
+        assert got.returncode == 0 and seen.read_text().strip() == (ROOT / "site" / "serving.html").as_uri()
+    else:  # a fresh clone: nothing built, nothing opened
+        assert got.returncode == 1 and "mkdocs build" in got.stderr.decode() and not seen.exists()
