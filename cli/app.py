@@ -14,6 +14,7 @@ import typer
 import typer.core
 import typer.main
 
+from tallow.cli.env_flags import MIRRORED, mirror
 from tallow.cli.errors import guarded
 from tallow.cli.version import version
 from tallow.env import settings
@@ -71,7 +72,8 @@ def load_command(name: str) -> Any:
         return group
     one = typer.Typer(add_completion=False, rich_markup_mode=None)
     one.command(name=name, hidden=hidden)(guarded(target))
-    return typer.main.get_command(one)
+    command = typer.main.get_command(one)
+    return mirror(name, command) if name in MIRRORED else command
 
 
 class LazyCommands(typer.core.TyperGroup):
