@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import replace
@@ -31,6 +32,7 @@ HELP = """commands:
   /tools                the MCP servers' tools the model is offered (chat --mcp CONFIG)
   /stats                this conversation: turns, tokens, cache, mean TTFT and decode speed
   /save NAME, /load NAME  keep a conversation, or take one up again
+  /edit [TEXT]          write the message in $VISUAL or $EDITOR (Ctrl+G does it with what is typed)
   /bye                  leave (or Ctrl-D)
 a message over several lines: start it with \"\"\" and end it with \"\"\"
 Ctrl-C stops an answer; at the prompt it clears the line""".format(params=", ".join(SETTABLE))
@@ -90,9 +92,12 @@ def chat(
 
 def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str | None = None,
          show_stats: bool = True, tools: ChatTools | None = None) -> None:
-    import readline  # noqa: F401 - gives input() line editing and arrow-key history
+    import readline  # gives input() line editing and arrow-key history
 
     from tallow.runtime.history import History
+
+    # Ctrl+G: what is typed so far goes to the editor (typed as "/edit TEXT" and sent on).
+    readline.parse_and_bind(r'"\C-g": "\C-a/edit \C-j"')
 
     err = err_console()
     cid = cid or History.new_conversation_id()
@@ -106,9 +111,13 @@ def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str |
         except EOFError:
             sys.stdout.write("\n")
             return
-        if not text.strip():
+        if re.match(r"/edit(\s|$)", text):
+            text = _edited(text[6:])
+            if not text:
+                continue
+        elif not text.strip():
             continue
-        if text.startswith("/"):
+        elif text.startswith("/"):
             result = _command(conv, name, text.strip(), tools)
             if result == "bye":
                 return
@@ -119,6 +128,38 @@ def repl(conv: Conversation, name: str, hide_thinking: bool, history, cid: str |
             (_answer(conv, text, hide_thinking, show_stats), None)
         if final is not None:
             log_turn(history, cid, name, conv.system, text, final, calls)
+
+
+def _edited(draft: str) -> str:
+    """The message as written in $VISUAL or $EDITOR, starting from `draft` and shown once the
+    editor closes; empty (nothing to send) when it is left empty or the editor fails."""
+    import shlex
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    err = err_console()
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or next(
+        (e for e in ("editor", "nano", "vi") if shutil.which(e)), None)
+    if not editor:
+        err.print("error: no editor: set VISUAL or EDITOR", soft_wrap=True)
+        return ""
+    with tempfile.TemporaryDirectory(prefix="tallow-edit-") as folder:
+        path = Path(folder) / "message.md"
+        path.write_text(draft, encoding="utf-8")
+        try:
+            code = subprocess.run([*shlex.split(editor), str(path)], check=False).returncode
+        except (OSError, ValueError) as exc:
+            err.print(f"error: cannot start the editor {editor!r}: {getattr(exc, 'strerror', None) or exc}",
+                      markup=False, soft_wrap=True)
+            return ""
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    if code != 0 or not text:
+        err.print(f"the editor exited with {code}; nothing sent" if code else "empty: nothing sent", style="dim")
+        return ""
+    out_console().print(text, markup=False, highlight=False, soft_wrap=True)
+    return text
 
 
 def _read_message() -> str:
