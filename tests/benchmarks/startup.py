@@ -7,7 +7,7 @@ run (or given with --venv). Budgets: `tallow --help` 0.15 s, `tallow list` 0.25 
 completion 0.25 s. The import-time breakdown of a case over budget (`python -X importtime`)
 is printed, heaviest first, and the exit status is 1.
 
-    python tests/benchmarks/startup.py [--reps 9] [--venv DIR]
+    python tests/benchmarks/startup.py [--reps 10] [--venv DIR]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def fresh_venv(where: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--venv", type=Path, help="use this virtual environment (made when it does not exist)")
     args = ap.parse_args()
     venv = args.venv or Path(tempfile.mkdtemp(prefix="tallow-startup-venv-")) / "venv"
