@@ -171,6 +171,11 @@ def history_path() -> Path:
     return home() / "history.db"
 
 
+def journal_path() -> Path:
+    """The journal a running tallow serve appends to, and tallow logs --follow reads."""
+    return home() / "serve-journal.jsonl"
+
+
 def logs_off_marker() -> Path:
     return home() / "logs-off"
 

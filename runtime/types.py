@@ -140,6 +140,7 @@ class Request:
     lora: tuple[float, ...] | None = None  # each loaded adapter's scale, by id; None: the engine's defaults
     reasoning_budget: int | None = None  # tokens the reasoning section may take, its closing marker included
     tenant: str | None = None  # who asked (an API key's name): metered per tenant when the scheduler has a meter
+    trace: str | None = None  # the server's id for the request: its journal's answer record (serve/http/journal.py)
 
 
 @dataclass

@@ -41,6 +41,9 @@ class ServerConfig:
     ui: bool = True  # the front answers GET / with the chat page (serve --no-ui: Ollama's liveness text only)
     conversations: object = None  # the history log the page keeps conversations in (None: logging is off)
     keys: str | None = None  # serve --auth keys: the database of keys and metered usage (serve/http/keys.py)
+    journal: str | None = None  # the server's journal (serve/http/journal.py): what tallow logs --follow reads
+    log_requests: bool = False  # serve --log-requests: the journal keeps each request's body (tallow logs --curl)
+    port: int = 0  # the port served on, marked in the journal's records
 
 
 _SERVER = ServerConfig(model="")
@@ -85,6 +88,8 @@ class RunnerConfig:
     tool_format: str | None = _SERVER.tool_format
     history: str | None = None
     usage: str | None = None  # serve --auth keys: where each request's usage is recorded (serve/http/usage.py)
+    journal: str | None = None  # the server's journal, where each answer is recorded (serve/http/journal.py)
+    port: int = 0  # the server's port, marked in the journal's records
     aliases: tuple[str, ...] = ()
     # a created model's preset (cli/presets.py, for_runner): its request defaults, and which
     # of the settings above serve was given (those the preset does not replace)
@@ -126,4 +131,4 @@ class RunnerConfig:
                             fingerprint=fingerprint, tool_format=self.tool_format, history=self.history,
                             fault_after_tokens=fault_after_tokens, media_urls=self.media_urls,
                             sampling=replace(Sampling(), **self.sampling), stop=self.stop,
-                            reasoning_budget=self.reasoning_budget)
+                            reasoning_budget=self.reasoning_budget, journal=self.journal, port=self.port)

@@ -47,14 +47,28 @@ def logs(
     query: Optional[str] = typer.Option(None, "-q", "--query", help="Only turns whose prompt, system or answer contains TEXT.", show_default=False),
     conversation: Optional[str] = typer.Option(None, "--conversation", "--cid", help="Only this conversation.", show_default=False),
     as_json: o.JsonList = False,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream what a running tallow serve does: requests (with tokens and timings), loads, unloads, crashes; until Ctrl-C."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="With --follow: only this model's records (a shell pattern).", show_default=False),
+    kind: Optional[list[str]] = typer.Option(None, "--kind", help="With --follow: only records of this kind: http, load, unload, crash (repeatable).", show_default=False),
+    errors: bool = typer.Option(False, "--errors", help="With --follow: only failed requests (status 400 and up) and crashes."),
+    curl: Optional[str] = typer.Option(None, "--curl", help="Print the logged request ID as a curl command that sends it again (serve --log-requests keeps bodies).", show_default=False),
 ) -> None:
     """Show logged runs and chat turns.
 
-    Subcommands: path, on, off.
+    With --follow, what a running tallow serve does, as it happens. Subcommands: path, on, off.
 
     Example: tallow logs -n 5 -q "sky"
     """
     if ctx.invoked_subcommand is not None:
+        return
+    from tallow.cli.commands import journal_cmds
+
+    if not follow and (model or kind or errors):
+        raise typer.BadParameter("--model, --kind and --errors filter --follow", param_hint="--follow")
+    if follow:
+        return journal_cmds.follow(model, list(kind or []), errors, as_json)
+    if curl is not None:
+        sys.stdout.write(journal_cmds.curl(curl) + "\n")
         return
     if not settings.history_path().exists():
         if as_json:

@@ -122,7 +122,8 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
     sock = _listen(listen.host, listen.port)  # before loading: a taken port fails fast
     with tempfile.TemporaryDirectory(prefix="tallow-serve-") as private:
         history = str(settings.history_path()) if settings.logging_enabled() else os.path.join(private, "responses.db")
-        conf = base(history)
+        journal = {"journal": str(settings.journal_path()), "port": sock.getsockname()[1]}
+        conf = replace(base(history), **journal)
         pool, registry, names = _start_pool(models, conf, per_model, private, pool_flags.max_models,
                                            pool_flags.budget(), keep, offline, aliases)
         _start_recheck(pool, conf.threads)
@@ -130,7 +131,7 @@ def _serve_front(models: list[str], listen: ListenFlags, pool_flags: PoolFlags, 
         try:
             tools = open_hub(listen.mcp, offline) if listen.mcp is not None else None
             replica = Replica()
-            guard = listen.guard(names[0] if names else "", history)
+            guard = replace(listen.guard(names[0] if names else "", history), **journal)
             front = FrontConfig(guard, names[0] if names else None, version("tallow"), conf.threads or physical_cores())
             app = create_front(pool, registry, front, replica, tools)
             try:
@@ -302,6 +303,7 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
     from tallow.models.refs import PathRef, parse_ref
     from tallow.serve.front.pool import Pool, PoolSettings
     from tallow.serve.front.registry import Registry
+    from tallow.serve.http.journal import Journal
 
     if len(models) > max_models:
         raise typer.BadParameter(f"{len(models)} models named but --max-models is {max_models}", param_hint="--max-models")
@@ -335,9 +337,10 @@ def _start_pool(models: list[str], base: RunnerConfig, per_model: dict, private:
         local = registry.find(name)
         return str(local.path) if local.name in files else local.name
 
+    journal = Journal(base.journal, base.port) if base.journal else None
     pool = Pool(PoolSettings(command=[sys.executable, "-m", "tallow.cli", "runner"], args_for=args_for,
                              socket_dir=Path(private), max_models=max_models, budget=budget, keep_alive=keep,
-                             model_arg=runner_model),
+                             model_arg=runner_model, events=journal.write if journal is not None else None),
                 lambda name: _need(registry.find(name), config_for(name)), available_memory, _log)
     return pool, registry, names
 

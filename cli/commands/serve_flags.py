@@ -34,6 +34,7 @@ class ListenFlags(FlagGroup):
     no_ui: Annotated[bool, typer.Option("--no-ui", help="Answer GET / with the liveness text only, not the chat page.")] = False
     open_page: Annotated[bool, typer.Option("--open", help="Open the chat page in the browser once serving.")] = False
     mcp: Annotated[Optional[Path], typer.Option("--mcp", help="Let the chat page offer the tools of the MCP servers in this mcpServers JSON file, each call approved in the page (the APIs never run tools).", show_default=False)] = None
+    log_requests: Annotated[bool, typer.Option("--log-requests", help="Keep each request's body in the journal, so that tallow logs --curl ID can replay it (never a key or a header).")] = False
 
     def key(self) -> str | None:
         return self.api_key or settings.api_key()
@@ -67,7 +68,7 @@ class ListenFlags(FlagGroup):
         return ServerConfig(model=model, host=self.host, api_key=self.key(), cors=tuple(self.cors or ()),
                             max_body=self.max_body, history=history, ui=not self.no_ui, keys=self.keys_db(),
                             body_timeout=self.body_timeout, stall_timeout=self.stall_timeout,
-                            max_per_client=self.max_per_client,
+                            max_per_client=self.max_per_client, log_requests=self.log_requests,
                             conversations=str(settings.history_path()) if settings.logging_enabled() else None)
 
 

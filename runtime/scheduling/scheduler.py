@@ -106,6 +106,7 @@ class Scheduler:
         self.stats = Stats()
         # called on the engine thread with each finished request of a tenant, and its final event
         self.meter: Callable[[Request, FinalEvent], None] | None = None
+        self.journal: Callable[[Request, FinalEvent], None] | None = None  # serve's record of each traced answer
         self.media = MediaPrefill(engine)
         self._turns = Turns()  # which adapter set each step decodes (runtime/adapters.py)
         self._thread = threading.Thread(target=self._loop, name="tallow-engine", daemon=True)
@@ -383,6 +384,8 @@ class Scheduler:
     def _metered(self, job: _Job, final: FinalEvent) -> None:
         if self.meter is not None and job.request.tenant is not None:
             self.meter(job.request, final)  # serve's metering queues the row: it never waits
+        if self.journal is not None and job.request.trace is not None:
+            self.journal(job.request, final)  # one short line appended to a file
 
     def _fail(self, job: _Job, error: TallowError) -> None:
         if job.slot is not None:

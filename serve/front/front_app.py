@@ -37,9 +37,10 @@ from tallow.serve.front.registry import Registry
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
+from tallow.serve.http.journal import Journal, Journaled
 from tallow.serve.http.key_check import KeyCheck
 from tallow.serve.http.prometheus import counter, gauge, merge_pages
-from tallow.serve.http.replica import Replica
+from tallow.serve.http.replica import PROBES, Replica
 from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.streaming import ClosingStreamingResponse
 from tallow.serve.ui.conversations import Conversations
@@ -76,7 +77,7 @@ class FrontApp:
         self.keys = KeyCheck(cfg.guard.keys) if cfg.guard.keys else None  # serve --auth keys
         self.listener = Listener(registry, pool, cfg.threads, cfg.guard.keys)  # speech to text: Whisper here, others by runner
 
-    def asgi(self) -> Guard:
+    def asgi(self) -> Guard | Journaled:
         routes = [Route("/", self.page.root, methods=["GET", "HEAD"]), Route("/health", self.health, methods=["GET"]),
                   Route("/ready", self.ready, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
                   Route("/lora-adapters", self.relay, methods=["GET", "POST"])]
@@ -97,7 +98,10 @@ class FrontApp:
                        Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"])]
         app = Starlette(routes=routes, middleware=cors(self.cfg.guard),
                         exception_handlers=handlers(TallowError, self.tallow_error))
-        return Guard(app, self.cfg.guard, self.replica, self.keys)
+        guarded = Guard(app, self.cfg.guard, self.replica, self.keys)
+        if g.journal is None:
+            return guarded
+        return Journaled(guarded, Journal(g.journal, g.port, g.log_requests), quiet=(*PROBES, ASSETS))
 
     def close(self) -> None:
         """After serving: the front's own usage rows (transcriptions) written before it exits."""

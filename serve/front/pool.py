@@ -117,6 +117,7 @@ class PoolSettings:
     keep_alive: float | None = 300.0  # the default, seconds (None: forever)
     env: dict | None = None
     model_arg: Callable[[str], str] = str  # what the runner's command line names for a model (a name or a file)
+    events: Callable[[dict], None] | None = None  # the server's journal: each load, unload and crash recorded
 
 
 class Pool:
@@ -279,6 +280,7 @@ class Pool:
         if self.runners.get(runner.name) is runner:
             del self.runners[runner.name]
         self.log(f"unloading {runner.name} (runner pid {runner.pid}): {why}")
+        self._event({"kind": "unload", "model": runner.name, "pid": runner.pid, "why": why})
         try:
             os.killpg(runner.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -303,6 +305,7 @@ class Pool:
             except ValueError:
                 runner.error = f"it said {line[:200]!r} instead of its ready line"
         if runner.state == "ready":
+            self._event({"kind": "load", "model": runner.name, "pid": runner.pid, "ms": round(runner.load_ms, 1)})
             runner.ready.set()
         code = runner.proc.wait()
         with self.lock:
@@ -318,7 +321,13 @@ class Pool:
             said = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")), lines[-1])
             runner.error = runner.error or (said if code == 1 else runner.exit_text())  # its error line, not a hint
             self.log(f"runner for {runner.name} (pid {runner.pid}) ended: {runner.exit_text()}; its last lines: {tail}")
+            self._event({"kind": "crash", "model": runner.name, "pid": runner.pid, "exit": runner.exit_text(),
+                         "error": runner.error})
         runner.ready.set()
+
+    def _event(self, record: dict) -> None:
+        if self.settings.events is not None:
+            self.settings.events(record)
 
     def _read_stderr(self, runner: Runner) -> None:
         assert runner.proc.stderr is not None  # a pipe

@@ -76,6 +76,8 @@ class Proxy:
         headers = {"Content-Type": "application/json"}
         if load_ms:
             headers["X-Tallow-Load-Ms"] = f"{load_ms:.3f}"
+        if (rid := scope.get("state", {}).get("tallow.request_id")) is not None:  # the journal's id (Journaled)
+            headers["X-Tallow-Request"] = rid
         if key is not None:  # the runner meters the request against the key, and caps its answer
             headers["X-Tallow-Key"] = key.name
             if key.limits.max_tokens is not None:

@@ -31,6 +31,7 @@ from tallow.serve.config import ServerConfig
 from tallow.serve.http.body import read_body
 from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
+from tallow.serve.http.journal import Journal
 from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.routing import bound
@@ -80,6 +81,9 @@ class RunnerApp:
         self.record = record  # serve --auth keys: each request of a key metered (serve/http/usage.py)
         if record is not None:
             sched.meter = lambda req, final: record(Row.of(req.tenant or "", cfg.model, final))  # tenants only
+        if cfg.journal is not None:  # each answer of a request the front traced, under its id
+            journal = Journal(cfg.journal, cfg.port)
+            sched.journal = lambda req, final: journal.answer(req.trace or "", cfg.model, final)
 
     def asgi(self) -> Guard:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"]),
@@ -98,7 +102,8 @@ class RunnerApp:
         raw = await read_body(request, self.cfg.max_body)
         return parse_json(raw), len(raw)
 
-    async def submit(self, parsed, size: int, who: tuple[str | None, int | None] = (None, None)):
+    async def submit(self, parsed, size: int, who: tuple[str | None, int | None] = (None, None),
+                     trace: str | None = None):
         """Queue the request (n > 1: n forks of it, each with its own seed, the prompt
         evaluated once); events arrive as (choice, event). `who`: the API key's name it is
         metered against, and that key's cap on the answer's length (set by the front)."""
@@ -110,6 +115,8 @@ class RunnerApp:
         tenant, cap = who
         if tenant is not None:
             req = replace(req, tenant=tenant, max_tokens=min(req.max_tokens or cap, cap) if cap else req.max_tokens)
+        if trace is not None:
+            req = replace(req, trace=trace[:32])
         loop = asyncio.get_running_loop()
         pump = self.pumps.get(loop) or self.pumps.setdefault(loop, EventPump(loop))
         events: asyncio.Queue = asyncio.Queue()
@@ -140,7 +147,8 @@ class RunnerApp:
         adapters = adapters if isinstance(adapters, list) else [adapters]
         cap = request.headers.get("x-tallow-max-tokens")
         req, handles, events = await self.submit(parsed, size, (request.headers.get("x-tallow-key"),
-                                                                int(cap) if cap and cap.isdigit() else None))
+                                                                int(cap) if cap and cap.isdigit() else None),
+                                                 request.headers.get("x-tallow-request"))
         if parsed.stream:
             return ClosingStreamingResponse(_sse(handles, events, adapters, len(req.prompt_tokens), done),
                                      media_type=getattr(adapters[0], "media_type", "text/event-stream"),
