@@ -39,7 +39,8 @@ def read_prompts(path: Path) -> tuple[dict, ...]:
 
 
 def bench_remote(endpoint, load, concurrency: list[int], rates: list[float], slo, slo_name: str | None, output: str,
-                 save: Path | None, compare: Path | None) -> None:
+                 save: Path | None, compare: Path | None) -> list[dict]:
+    """Each point's row, emitted as `output` (and returned, for --plot)."""
     from tallow.client import loadgen as L
 
     err = err_console()
@@ -87,6 +88,7 @@ def bench_remote(endpoint, load, concurrency: list[int], rates: list[float], slo
             line = head + f"holds up to {best:.3g} requests/s" + (f" ({at['goodput']:.3g} good requests/s, "
                                                                   f"{at['output_throughput']:.1f} tok/s)" if at else "")
         (sys.stderr if output != "table" else sys.stdout).write(line + "\n")
+    return rows
 
 
 def _saved(path: Path) -> dict:

@@ -108,6 +108,7 @@ class Report(FlagGroup):
     as_json: Annotated[bool, typer.Option("--json", help="Same as -o json.")] = False
     save: Annotated[Optional[Path], typer.Option("--save", help="Also write the results (JSON) to FILE.", show_default=False)] = None
     compare: Annotated[Optional[Path], typer.Option("--compare", help="Show the change against results saved with --save.", show_default=False)] = None
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Draw tok/s and TTFT against what the run varies: '-' in the terminal, or FILE.svg (the plot extra).", show_default=False)] = None
 
     def format(self) -> str:
         output = "json" if self.as_json else self.output
@@ -139,6 +140,10 @@ def bench(
       tallow bench smollm2:135m --endpoint http://127.0.0.1:8080/v1 --parallel 1,4 --slo server
     """
     output = report.format()
+    if report.plot is not None:
+        from tallow.cli.screens.plots import check_target
+
+        check_target(report.plot)
     kvs = local.kv_settings()
     from tallow.runtime.bench import SLO
 
@@ -147,16 +152,21 @@ def bench(
     remote = server.servers(offline)
     if remote:
         o.refuse_local(local.given())
-        return _remote(models, remote[0], n_prompt, n_gen, parallel, slo, load, output, report)
-    for flag, used in load.given().items():
-        if used:
-            raise typer.BadParameter("this is for loading a server: give --endpoint", param_hint=flag)
-    rows = _local_rows(models, n_prompt, n_gen, parallel, slo, local, kvs, offline, report)
-    if report.save:
-        report.save.write_text(json.dumps(rows, indent=1))
-    _emit(rows, output)
-    if slo:
-        _slo_verdict(rows, slo, to_stderr=output != "table")
+        rows = _remote(models, remote[0], n_prompt, n_gen, parallel, slo, load, output, report)
+    else:
+        for flag, used in load.given().items():
+            if used:
+                raise typer.BadParameter("this is for loading a server: give --endpoint", param_hint=flag)
+        rows = _local_rows(models, n_prompt, n_gen, parallel, slo, local, kvs, offline, report)
+        if report.save:
+            report.save.write_text(json.dumps(rows, indent=1))
+        _emit(rows, output)
+        if slo:
+            _slo_verdict(rows, slo, to_stderr=output != "table")
+    if report.plot is not None:
+        from tallow.cli.screens.plots import draw
+
+        draw(rows, report.plot)
 
 
 def _local_rows(models: list[str], n_prompt: str, n_gen: str, parallel: str | None, slo: str | None,
@@ -185,7 +195,8 @@ def _local_rows(models: list[str], n_prompt: str, n_gen: str, parallel: str | No
     return rows
 
 
-def _remote(models, endpoint, n_prompt, n_gen, parallel, slo, test: LoadTest, output: str, report: Report) -> None:
+def _remote(models, endpoint, n_prompt, n_gen, parallel, slo, test: LoadTest, output: str,
+            report: Report) -> list[dict]:
     from tallow.cli.bench_remote import bench_remote, read_prompts
     from tallow.client import loadgen
     from tallow.runtime.bench import SLO
@@ -210,7 +221,7 @@ def _remote(models, endpoint, n_prompt, n_gen, parallel, slo, test: LoadTest, ou
     concurrency = _ints(parallel, "--parallel", 1, 4096) if parallel else ([] if rates or target else [1, 2, 4, 8])
     load = loadgen.Load(models[0], _ints(n_prompt, "-p", 1)[0], _ints(n_gen, "-n", 1)[0], test.num_requests,
                         test.max_seconds, test.ignore_eos, read_prompts(test.prompts) if test.prompts else ())
-    bench_remote(endpoint, load, concurrency, rates, target, slo, output, report.save, report.compare)
+    return bench_remote(endpoint, load, concurrency, rates, target, slo, output, report.save, report.compare)
 
 
 def _measure_parallel(local, ns, n_prompt, n_gen, combo, reps, ctk, ctv, flash_attn, place) -> list[dict]:
