@@ -67,7 +67,8 @@ def test_a_broken_anchor_fails_the_build(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra (pip install '.[docs]') builds the site")
     copy = tmp_path / "repo"
     copy.mkdir()
-    (copy / "mkdocs.yml").write_text((ROOT / "mkdocs.yml").read_text())
+    for name in ("mkdocs.yml", "mkdocs_hooks.py"):
+        (copy / name).write_text((ROOT / name).read_text())
     subprocess.run(["cp", "-r", str(DOCS), str(copy / "docs")], check=True)
     gpu = copy / "docs" / "gpu.md"
     gpu.write_text(gpu.read_text() + "\n[no such part](running.md#no-such-part)\n")
