@@ -116,6 +116,7 @@ def draft_method(engine, draft: str | None) -> str | None:
 def tokens_of(engine, prompt: str | list[Any]) -> list[int]:
     """A prompt's tokens: text tokenized with BOS; a list of token ids and text pieces (llama.cpp's
     mixed prompt), the text pieces tokenized (the first with BOS) and the ids as they are."""
+    engine.within_reach(prompt if isinstance(prompt, str) else "".join(p for p in prompt if isinstance(p, str)))
     if isinstance(prompt, str):
         return engine.model.tokenize(prompt, add_special=True, parse_special=False)
     out: list[int] = []

@@ -214,6 +214,7 @@ class Model:
         self.rewinds = not (C.llama_model_is_recurrent(ptr) or C.llama_model_is_hybrid(ptr))
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
+        self._longest: int | None = None
 
     def chat_template(self) -> str | None:
         raw = C.llama_model_chat_template(self.ptr, None)
@@ -255,6 +256,13 @@ class Model:
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         return buf.raw[:n]
+
+    def longest_token(self) -> int:
+        """The most bytes any one token stands for (special tokens' text included): a text of B
+        bytes is at least B / this many tokens. Read from the vocabulary once."""
+        if self._longest is None:
+            self._longest = max((len(self.written(t)) for t in range(self.n_vocab)), default=1) or 1
+        return self._longest
 
     def detokenize(self, tokens: list[int]) -> bytes:
         """Whole-sequence detokenization by llama.cpp itself (a reference for tests)."""
