@@ -83,6 +83,8 @@ class Field:
         if kind is self.kind:
             got = value if kind is not float or math.isfinite(value) else None
         elif kind is int and self.kind is float:
+            if abs(value) > 2 ** 1023:  # past any float: float() would raise OverflowError
+                raise FieldError(f"{label or self.name} must be a number {self.span()}".rstrip(), label or self.name)
             got = float(value)
         else:
             got = None
@@ -90,7 +92,9 @@ class Field:
             got = self.convert(value, label or self.name, text)
         if self.low is not None and not self.low <= got <= self.high:
             label = label or self.name
-            raise FieldError(f"{label} must be between {self.span(' and ')}, not {value!r}", label)
+            shown = repr(value)
+            raise FieldError(f"{label} must be between {self.span(' and ')}, not "
+                             f"{shown if len(shown) <= 40 else shown[:20] + f'... ({len(shown)} digits)'}", label)
         if self.kind is str and not got:
             raise FieldError(f"{label or self.name} {'wants a non-empty text' if text else 'must be a non-empty string'}",
                              label or self.name)
