@@ -12,6 +12,13 @@ from tallow.runtime.errors import GrammarError
 _IDENT = re.compile(r"[a-zA-Z0-9_-]+")
 _REPEAT = re.compile(r"\{\s*(\d*)\s*(,?)\s*(\d*)\s*\}")
 MAX_GRAMMAR_CHARS = 1_000_000
+# llama.cpp's grammar parser expands x{m,n} into copies and refuses more than 2,000 (its
+# MAX_REPETITION_THRESHOLD); refused here first, by name, and before a schema is converted,
+# since the converter's work and output grow with every bound in the schema.
+MAX_REPETITION = 2000
+SCHEMA_DEPTH = 64  # objects within objects: a schema deeper than this is refused before any walk recurses
+BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+          "maxContains")
 
 
 def _skip_literal(text: str, i: int, end: str) -> int:
@@ -62,6 +69,9 @@ def check_gbnf(text: str) -> None:
             m = _REPEAT.match(text, i)
             if not m or (m.group(1) and m.group(3) and int(m.group(1)) > int(m.group(3))) or not (m.group(1) or m.group(3)):
                 raise GrammarError(f"bad repetition in grammar at offset {i}")
+            if max(int(m.group(1) or 0), int(m.group(3) or 0)) > MAX_REPETITION:
+                raise GrammarError(f"the grammar repeats something {m.group(0)} times at offset {i}; llama.cpp's grammars "
+                                   f"allow at most {MAX_REPETITION}")
             i = m.end()
         elif m := _IDENT.match(text, i):
             name, i = m.group(), m.end()
@@ -94,11 +104,14 @@ def load_schema(text: str) -> Schema:
     """Parse and check a JSON schema (the text of one, not a path)."""
     try:
         schema = json.loads(text)
+    except RecursionError:
+        raise GrammarError("the JSON schema is nested too deeply") from None
     except ValueError as exc:
         raise GrammarError(f"the JSON schema is not valid JSON: {exc}",
                            "give a schema file's path, or the schema itself, e.g. '{\"type\": \"object\"}'") from exc
     if not isinstance(schema, (dict, bool)):
         raise GrammarError("a JSON schema must be an object", "e.g. '{\"type\": \"object\"}'")
+    check_bounds(schema)
     from jsonschema import Draft7Validator, Draft202012Validator, SchemaError
 
     from tallow.runtime.grammar.schema_dialect import dialect, to_latest
@@ -111,12 +124,45 @@ def load_schema(text: str) -> Schema:
     return to_latest(schema) if older else schema
 
 
+_PATTERN_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+
+
+def check_bounds(schema: Schema) -> None:
+    """Refuse, before any conversion, what would make the grammar explode: nesting deeper than
+    SCHEMA_DEPTH, and a length, count or pattern repetition above MAX_REPETITION. Walked
+    without recursion, so a schema nested thousands deep is refused rather than overflowing."""
+    stack: list[tuple[Any, int, str]] = [(schema, 0, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > SCHEMA_DEPTH:
+            raise GrammarError(f"the JSON schema is nested more than {SCHEMA_DEPTH} deep (at {where or '/'})")
+        if isinstance(node, list):
+            stack += [(v, depth + 1, f"{where}/{i}") for i, v in enumerate(node)]
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key in BOUNDS:
+            value = node.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_REPETITION:
+                raise GrammarError(f"'{key}' is {value} at {where or '/'}: a grammar can bound a length or count "
+                                   f"by at most {MAX_REPETITION}", "drop the bound, or check the value after decoding")
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            for low, high in _PATTERN_REPEAT.findall(pattern):
+                if max(int(low), int(high or 0)) > MAX_REPETITION:
+                    raise GrammarError(f"the pattern at {where or '/'} repeats something more than {MAX_REPETITION} "
+                                       "times", "a grammar allows at most that")
+        stack += [(v, depth + 1, f"{where}/{k}") for k, v in node.items() if isinstance(v, (dict, list))]
+
+
 def grammar_for(json_format: bool, schema: Schema | None) -> str | None:
     """The grammar for `--format json` or `--json-schema`, checked; None when neither."""
     if schema is None and not json_format:
         return None
     from tallow.runtime.backend import grammars
 
+    if schema is not None:
+        check_bounds(schema)
     try:
         text = grammars.json_grammar() if schema is None else grammars.schema_grammar(json.dumps(schema))
     except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as exc:
