@@ -53,6 +53,7 @@ class ArrayInfo:
 
     type_id: int
     length: int
+    offset: int = 0  # where its first element is in the file (a vocabulary is read from there when checked)
 
 
 @dataclass
@@ -194,15 +195,16 @@ class _Reader:
                 raise self.fail(f"{what} has unknown element type {elem}")
             minimum = _SCALAR_SIZE.get(elem, 8)
             self.need(count * minimum, f"{count} elements of {what}")
+            start = self.pos
             if elem in _SCALARS:
                 if count <= KEEP_ARRAY:
                     return [self.scalar(elem, what) for _ in range(count)]
                 self.pos += count * minimum
-                return ArrayInfo(elem, count)
+                return ArrayInfo(elem, count, start)
             if count <= KEEP_ARRAY:
                 return [self.string(what) for _ in range(count)]
             self.skip_strings(count, what)
-            return ArrayInfo(elem, count)
+            return ArrayInfo(elem, count, start)
         raise self.fail(f"{what} has unknown value type {type_id}")
 
 
@@ -254,8 +256,56 @@ def _parse(buf, size: int, path: Path) -> GGUFInfo:
         value = r.value(type_id, f"metadata {key!r}")
         if key is not None:  # a key too long to keep names nothing anyone reads
             info.metadata[key] = value
+    _check_vocabulary(r, info.metadata)
     _read_tensors(r, info, n_tensors)
     return info
+
+
+BYTE_TOKEN = 6  # llama.cpp's LLAMA_TOKEN_TYPE_BYTE: its text must be "<0xHH>"
+
+
+def _check_vocabulary(r: _Reader, md: dict[str, Any]) -> None:
+    """What llama.cpp indexes by token id without looking: the per-token arrays as long as
+    the vocabulary (a shorter one is read past its end), and a SentencePiece vocabulary's
+    byte tokens naming one byte each (a larger value indexes past a 256-entry table)."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    n = tokens.length if isinstance(tokens, ArrayInfo) else len(tokens) if isinstance(tokens, list) else -1
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        other = md.get(key)
+        m = other.length if isinstance(other, ArrayInfo) else len(other) if isinstance(other, list) else None
+        if m is not None and m != n:
+            raise r.fail(f"{key} has {m} entries for {n} tokens")
+    types = md.get("tokenizer.ggml.token_type")
+    if md.get("tokenizer.ggml.model") != "llama" or types is None:
+        return
+    wanted = [i for i, t in enumerate(_ints(r, types)) if t == BYTE_TOKEN]
+    for i, text in zip(wanted, _strings_at(r, tokens, wanted)):
+        if not (len(text) == 6 and text.startswith("<0x") and text.endswith(">") and
+                all(c in "0123456789abcdefABCDEF" for c in text[3:5])):
+            raise r.fail(f"byte token {i} is {text[:20]!r}, not one byte ('<0x00>' to '<0xFF>')")
+
+
+def _ints(r: _Reader, array: Any) -> list[int]:
+    if isinstance(array, list):
+        return [int(v) for v in array]
+    if array.type_id not in (4, 5):  # uint32 or int32, as every writer stores token types
+        raise r.fail("tokenizer.ggml.token_type is not an array of 32-bit integers")
+    return list(struct.unpack_from(f"<{array.length}{'I' if array.type_id == 4 else 'i'}", r.buf, array.offset))
+
+
+def _strings_at(r: _Reader, array: Any, indices: list[int]) -> list[str]:
+    """The strings of `array` at `indices` (ascending), read from the file."""
+    if isinstance(array, list):
+        return [str(array[i]) for i in indices]
+    out, wanted, pos = [], set(indices), array.offset
+    for i in range(max(indices, default=-1) + 1):
+        (n,) = _U64.unpack_from(r.buf, pos)
+        if i in wanted:
+            out.append(bytes(r.buf[pos + 8:pos + 8 + min(n, 64)]).decode("utf-8", errors="replace"))
+        pos += 8 + n
+    return out
 
 
 def _read_tensors(r: _Reader, info: GGUFInfo, n_tensors: int) -> None:
