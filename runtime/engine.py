@@ -217,20 +217,9 @@ class Engine:
         return tokens, (), ()
 
     def within_reach(self, text: str) -> None:
-        """A prompt too long for the context refused before it is tokenized, which is the slow
-        part of a long request (llama.cpp takes seconds a megabyte where special tokens are
-        many). No token stands for more than the vocabulary's longest token's bytes, so a text
-        past n_ctx times that (twice over, for a normalizer that drops characters) cannot fit,
-        and the work a request can cause before its 400 is bounded by the context."""
-        size = len(text)  # characters: at most the bytes, so never more than the bound below
-        if size <= self.n_ctx * 8:  # short enough that tokenizing costs little: counted exactly later
-            return
-        size = len(text.encode("utf-8", "replace"))
-        least = size // (2 * self.model.longest_token())
-        if least > self.n_ctx:
-            raise ContextOverflow(f"the prompt is at least {least} tokens ({size} bytes, and no token of this "
-                                  f"model is longer than {self.model.longest_token()} bytes) but the context holds "
-                                  f"{self.n_ctx}", "shorten the prompt, or raise --ctx", least, self.n_ctx)
+        """A prompt that cannot fit, refused before it is tokenized (the slow part of a long one)."""
+        if (least := self.model.fewest_tokens(text, self.n_ctx)) > (n := self.n_ctx):
+            raise ContextOverflow(f"the prompt is at least {least} tokens but the context holds {n}", None, least, n)
 
     served_at = None  # this machine answers (runtime/protocol.py)
 

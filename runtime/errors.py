@@ -14,7 +14,7 @@ class ContextOverflow(TallowError):
 
     def __init__(self, message: str, hint: str | None = None, n_prompt_tokens: int | None = None,
                  n_ctx: int | None = None) -> None:
-        super().__init__(message, hint)
+        super().__init__(message, hint or ("shorten the prompt, or raise --ctx" if n_ctx is not None else None))
         self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 

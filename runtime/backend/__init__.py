@@ -264,6 +264,15 @@ class Model:
             self._longest = max((len(self.written(t)) for t in range(self.n_vocab)), default=1) or 1
         return self._longest
 
+    def fewest_tokens(self, text: str, enough: int) -> int:
+        """At least how many tokens `text` is: its bytes over twice the longest token's (twice:
+        a normalizer may drop characters); 0 for a text too short to matter against `enough`
+        tokens, which tokenizing counts exactly at little cost. llama.cpp takes seconds a
+        megabyte where special tokens are many, so a long text is judged by this first."""
+        if len(text) <= enough * 8:  # characters: never more than the bytes
+            return 0
+        return len(text.encode("utf-8", "replace")) // (2 * self.longest_token())
+
     def detokenize(self, tokens: list[int]) -> bytes:
         """Whole-sequence detokenization by llama.cpp itself (a reference for tests)."""
         arr = (C.llama_token * len(tokens))(*tokens)
