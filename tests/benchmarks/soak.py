@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -44,6 +45,7 @@ from helpers.processes import shared_home  # noqa: E402
 from helpers.synth import write_synthetic_gguf  # noqa: E402
 
 GENERATING = ("/v1/chat/completions", "/v1/messages", "/api/chat", "/completion")
+WINDOW_MARGIN_S = 150.0  # longer than any request takes: an answer and its request's record are both in the window
 LOST_PER_KILL = 8  # usage rows a killed runner may take with it (its writer's queue): reported
 CRASH_WORDS = ("runner_crashed", "stopped mid-answer", "failed to load", "killed by")
 
@@ -190,8 +192,11 @@ class Soak:
     def post(self, path: str, body: dict, key: str) -> dict:
         req = urllib.request.Request(self.url + path, json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return json.loads(r.read())
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # judged by its status and what its body says
+            raise Refusal(exc.code, exc.read().decode("utf-8", "replace")) from None
 
     def flood(self) -> None:
         import openai
@@ -278,37 +283,48 @@ class Soak:
     # -- the books -------------------------------------------------------------------------
     def stop(self) -> list[str]:
         time.sleep(2)  # the last usage rows and journal lines are written as requests end
-        usage = json.loads(self.tallow("usage", "--json"))
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(120)
         failures = [] if code == 0 else [f"the server exited {code} on SIGTERM"]
         time.sleep(1)
         failures += [f"runner process {pid} left behind" for pid in sorted(self.runner_pids) if _alive(pid)]
         failures += [f"temporary folder {p} left behind" for p in sorted(self.private) if p.exists()]
-        return failures + self.books(usage)
+        return failures + self.books()
 
-    def books(self, usage: list[dict]) -> list[str]:
-        records = [json.loads(line) for line in (self.home / "serve-journal.jsonl").read_text().splitlines()]
-        answers = Counter(r["id"] for r in records if r["kind"] == "answer")
+    def books(self) -> list[str]:
+        """The journal against itself and against the usage rows. The journal is cut at 16 MiB
+        with one old file kept, so a long run's books cover the window both files hold: from
+        a moment (in a gap between answers) past the oldest record kept."""
+        from tallow.serve.http.usage import summarize
+
+        journal = self.home / "serve-journal.jsonl"
+        old = journal.with_name(journal.name + ".1")
+        records = [json.loads(line) for f in (old, journal) if f.exists() for line in f.read_text().splitlines()]
+        start = _quiet_moment([r["t"] for r in records if r["kind"] == "answer"],
+                              records[0]["t"] + WINDOW_MARGIN_S if old.exists() else 0.0)
+        answers = Counter(r["id"] for r in records if r["kind"] == "answer" and r["t"] >= start)
         failures = []
         for r in records:  # a whole answer's 200 comes after its answers; a stream's says only that it began
-            if r["kind"] == "http" and r["status"] == 200 and r["path"] in GENERATING and r.get("key"):
+            if r["kind"] == "http" and r["t"] >= start + WINDOW_MARGIN_S and r["status"] == 200 and \
+                    r["path"] in GENERATING and r.get("key"):
                 body = r.get("body") or {}
                 want, have = body.get("n", 1), answers.get(r["id"], 0)
                 if have > want or (not body.get("stream") and have != want):
                     failures.append(f"request {r['id']} ({r['path']}, 200) has {have} answer records, not {want}")
-        keyed = sum(n for rid, n in answers.items() if rid in {r["id"] for r in records if r.get("key")})
-        metered = sum(row.get("requests", 0) for row in usage if row.get("key") in ("team", "flood", "admin"))
-        embeds = sum(1 for r in records if r["kind"] == "http" and r["path"] == "/v1/embeddings" and r["status"] == 200)
+        keyed_ids = {r["id"] for r in records if r["kind"] == "http" and r.get("key")}
+        keyed = sum(n for rid, n in answers.items() if rid in keyed_ids)
+        metered = sum(row["requests"] for row in summarize(self.home / "history.db", by="model", since=start)
+                      if not str(row["model"]).startswith("minilm"))  # the generations: embeddings are metered apart
         # A runner's usage rows wait in its writer thread's queue (the engine never waits on the
         # disk), so a SIGKILL loses the rows not yet committed; the journal's lines, written at
         # once, keep them. Known and bounded: at most a few rows a kill; any other difference fails.
-        self.lost = keyed + embeds - metered
+        self.lost = keyed - metered
         if self.lost < 0 or self.lost > LOST_PER_KILL * len(self.kills):
-            failures.append(f"usage counts {metered} requests; the journal's keyed answers and embeddings "
-                            f"{keyed + embeds} ({len(self.kills)} runners killed)")
+            failures.append(f"usage counts {metered} generations since {start:.3f}; the journal's keyed answers "
+                            f"{keyed} ({len(self.kills)} runners killed)")
         self.loads = sum(r["kind"] == "load" for r in records)
         self.crashes = sum(r["kind"] == "crash" for r in records)
+        self.window = (records[-1]["t"] - max(start, records[0]["t"])) / 60 if records else 0.0
         return failures[:20]
 
     def growth(self) -> list[str]:
@@ -338,8 +354,31 @@ class Soak:
         if self.ttft:
             q = statistics.quantiles(self.ttft, n=100) if len(self.ttft) > 1 else [self.ttft[0]] * 99
             print(f"streamed TTFT p50 {q[49] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms ({len(self.ttft)} streams)")
-        print(f"runners killed {len(self.kills)}, loads {getattr(self, 'loads', 0)}, crashes {getattr(self, 'crashes', 0)}, "
-              f"usage rows lost with killed runners {getattr(self, 'lost', 0)}")
+        print(f"runners killed {len(self.kills)}; in the journal's last {getattr(self, 'window', 0):.1f} minutes: loads "
+              f"{getattr(self, 'loads', 0)}, crashes {getattr(self, 'crashes', 0)}, usage rows lost with killed runners "
+              f"{getattr(self, 'lost', 0)}")
+
+
+class Refusal(Exception):
+    """An HTTP error answer of a plain request, with its body (a killed runner's names the crash)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+def _quiet_moment(times: list[float], after: float) -> float:
+    """The first moment from `after` with no answer within 5 ms of it, so that a usage row
+    and its journal line (written a moment apart) fall on the same side of it."""
+    times = sorted(times)
+    moment = after
+    for t in times:
+        if t < moment - 0.005:
+            continue
+        if t > moment + 0.005:
+            return moment
+        moment = t + 0.006
+    return moment
 
 
 def _alive(pid: int) -> bool:
