@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 
-from tallow.cli.screens.plots import charts, svg
+from tallow.common.charts import charts, svg
 
 
 def on_files(files: Files, config) -> Files:

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from helpers.processes import run_tallow
 
-from tallow.cli.screens.plots import charts, svg, terminal
+from tallow.common.charts import charts, svg, terminal
 from tallow.common.errors import TallowError
 
 
