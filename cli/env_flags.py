@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from tallow.env import settings
+
 MIRRORED = ("run", "chat", "serve", "bench")
 
 # A flag -> the declared variable it already reads (env/settings.py), per command or for all.
 READS: dict[tuple[str, str], str] = {
-    **{(c, "--offline"): "TALLOW_OFFLINE" for c in MIRRORED},
-    **{(c, "--no-log"): "TALLOW_NO_LOG" for c in ("run", "chat")},
-    **{(c, "--endpoint"): "TALLOW_ENDPOINT" for c in ("run", "chat", "bench")},
-    **{(c, "--api-key"): "TALLOW_ENDPOINT_KEY" for c in ("run", "chat", "bench")},
-    ("serve", "--api-key"): "TALLOW_API_KEY",
-    ("serve", "--keep-alive"): "TALLOW_KEEP_ALIVE",
+    **{(c, "--offline"): settings.OFFLINE.name for c in MIRRORED},
+    **{(c, "--no-log"): settings.NO_LOG.name for c in ("run", "chat")},
+    **{(c, "--endpoint"): settings.ENDPOINT.name for c in ("run", "chat", "bench")},
+    **{(c, "--api-key"): settings.ENDPOINT_KEY.name for c in ("run", "chat", "bench")},
+    ("serve", "--api-key"): settings.API_KEY.name,
+    ("serve", "--keep-alive"): settings.KEEP_ALIVE.name,
 }
 # Flags whose plain TALLOW_<FLAG> means something else elsewhere: scoped by the command.
 SCOPED = {("serve", "--host"), ("serve", "--max-tokens"), ("bench", "--parallel")}
