@@ -79,9 +79,15 @@ def m007_audio_usage(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE usage ADD COLUMN audio_ms INTEGER NOT NULL DEFAULT 0")
 
 
+def m008_usage_request(db: sqlite3.Connection) -> None:
+    # the server's id of the request a row meters (its journal's id, X-Request-Id): usage and
+    # `tallow logs` agree request by request
+    db.execute("ALTER TABLE usage ADD COLUMN request TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_reasoning, m003_api_responses,
                                                           m004_drafts, m005_conversation_titles, m006_keys_and_usage,
-                                                          m007_audio_usage]
+                                                          m007_audio_usage, m008_usage_request]
 
 
 def migrate(db: sqlite3.Connection) -> list[str]:

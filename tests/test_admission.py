@@ -1,7 +1,10 @@
-"""Fair admission between tenants (API keys), and the scheduler's meter."""
+"""Fair admission between tenants (API keys), and the scheduler's meter: every
+request of a tenant metered, its answer ended only once its row is written."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -10,6 +13,7 @@ import pytest
 from tallow.runtime.scheduling.admission import FairQueue
 from tallow.runtime.scheduling.scheduler import Scheduler
 from tallow.runtime.types import FinalEvent, LoadSettings, Request, Sampling, SchedulerSettings, TokenEvent
+from tallow.serve.http.usage import Row, UsageWriter
 
 
 @dataclass
@@ -78,7 +82,10 @@ def test_one_keys_flood_does_not_starve_another_key(one_slot):
 
 def test_the_meter_sees_every_finished_request_of_a_tenant(one_slot):
     seen: list[tuple[str | None, FinalEvent]] = []
-    one_slot.meter = lambda req, final: seen.append((req.tenant, final))
+    def meter(req, final, then):
+        seen.append((req.tenant, final))
+        then()
+    one_slot.meter = meter
     try:
         prompt = one_slot.engine.prompt_for([{"role": "user", "content": "hi"}])
         long = one_slot.submit(Request(prompt, 300, sampling=Sampling(temperature=0), ignore_eos=True, tenant="k"))
@@ -144,3 +151,37 @@ def test_the_last_free_slot_is_kept_for_a_key_that_is_not_being_served():
     two_free = [Slot(Job("A1", Request([1], tenant="a"))), Slot(None), Slot(None)]
     assert q.peek(two_free) is a  # only the last free slot is kept
     assert q.peek([Slot(None)]) is a  # a holds none: its request is admitted
+
+
+def test_a_metered_answer_ends_only_once_its_row_is_written(one_slot, tmp_path):
+    """A runner killed between an answer's end and its row's commit would have answered a
+    request that was never metered: the final event waits for the row."""
+    db = tmp_path / "keys.db"
+    writer = UsageWriter(db)
+    events: list = []
+    ended = threading.Event()
+
+    def on_event(ev):
+        events.append(ev)
+        if isinstance(ev, FinalEvent):
+            ended.set()
+    holder = sqlite3.connect(db, timeout=0)  # another process holding the database's write lock
+    holder.execute("BEGIN IMMEDIATE")
+    one_slot.meter = lambda req, final, then: writer.record(Row.of(req.tenant or "", "m", final), then)
+    try:
+        prompt = one_slot.engine.prompt_for([{"role": "user", "content": "hi"}])
+        one_slot.submit(Request(prompt, 4, sampling=Sampling(temperature=0), ignore_eos=True, tenant="k"), on_event)
+        for _ in range(600):  # bounded: four tokens come within seconds
+            if sum(isinstance(ev, TokenEvent) for ev in events) == 4:
+                break
+            time.sleep(0.05)
+        assert sum(isinstance(ev, TokenEvent) for ev in events) == 4
+        assert not ended.wait(1.0)  # every token given, the answer not ended: its row is not written
+        assert holder.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 0
+        holder.rollback()  # the lock let go: the row is committed, then the answer ends
+        assert ended.wait(60)
+        assert holder.execute("SELECT key, completion_tokens FROM usage").fetchall() == [("k", 4)]
+    finally:
+        one_slot.meter = None
+        holder.close()
+        writer.close()

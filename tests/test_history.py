@@ -38,7 +38,7 @@ def test_a_database_from_an_older_version_is_upgraded():
     MIGRATIONS[0](db)
     db.execute("INSERT INTO _migrations VALUES ('m001_initial', 0)")
     assert migrate(db) == ["m002_reasoning", "m003_api_responses", "m004_drafts", "m005_conversation_titles",
-                            "m006_keys_and_usage", "m007_audio_usage"]
+                            "m006_keys_and_usage", "m007_audio_usage", "m008_usage_request"]
 
 
 def test_log_and_query():

@@ -48,11 +48,10 @@ def runner(
     if socket_path is not None:  # started by serve: its relaying is this engine's work, not another load
         load = replace(load, related_pids=(os.getppid(),))
     writer = _usage_writer(c)
-    record = writer.record if writer is not None else None
     if declared_pooling(find_model(model, True).paths) is not None:  # an embedding model or a reranker
-        name, sched, app, ready = _embedding(model, load, c, record)
+        name, sched, app, ready = _embedding(model, load, c, writer)
     else:
-        name, sched, app, ready = _generating(model, load, c, record)
+        name, sched, app, ready = _generating(model, load, c, writer)
     crash = settings.test_runner_crash(name)
     try:
         if socket_path is not None:
@@ -113,18 +112,18 @@ def _stored_draft(name: str) -> tuple:
     return found.paths, found.name
 
 
-def _generating(model: str, load, c: RunnerConfig, record):
+def _generating(model: str, load, c: RunnerConfig, usage):
     from tallow.cli.models import open_scheduler
     from tallow.serve.runner.runner_app import create_app
 
     name, sched = open_scheduler(model, load, True, c.scheduler(), disk_cache=not c.no_cache)
     engine = sched.engine
-    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)), _stored_draft, record)
+    app = create_app(sched, _config(c, name, engine, settings.test_runner_crash(name)), _stored_draft, usage)
     return name, sched, app, _ready(name, engine, capacity=sched.capacity, n_ctx=sched.n_ctx,
                                     parallel=len(sched.slots), unified=sched.unified)
 
 
-def _embedding(model: str, load, c: RunnerConfig, record):
+def _embedding(model: str, load, c: RunnerConfig, usage):
     """An embedding model or reranker: its inputs batched by the embedding scheduler."""
     from dataclasses import replace
 
@@ -135,7 +134,7 @@ def _embedding(model: str, load, c: RunnerConfig, record):
     local, embedder = open_embedder(model, replace(load, n_batch=c.embed_batch, n_ctx=None), True)
     sched = EmbedScheduler(embedder, max_queued_inputs=c.max_queue * 1024)
     engine = embedder.engine
-    app = create_embed_app(sched, _config(c, local.name, engine), record)
+    app = create_embed_app(sched, _config(c, local.name, engine), usage)
     return local.name, sched, app, _ready(local.name, engine, capacity=embedder.max_tokens, n_ctx=engine.n_ctx,
                                           parallel=embedder.max_seqs, unified=True, pooling=embedder.pooling)
 

@@ -104,8 +104,9 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closing = False
         self.stats = Stats()
-        # called on the engine thread with each finished request of a tenant, and its final event
-        self.meter: Callable[[Request, FinalEvent], None] | None = None
+        # called on the engine thread with each finished request of a tenant, its final event, and
+        # what delivers that event: the meter calls it (from any thread) once the request's books are durable
+        self.meter: Callable[[Request, FinalEvent, Callable[[], None]], None] | None = None
         self.journal: Callable[[Request, FinalEvent], None] | None = None  # serve's record of each traced answer
         self.media = MediaPrefill(engine)
         self._turns = Turns()  # which adapter set each step decodes (runtime/adapters.py)
@@ -208,9 +209,7 @@ class Scheduler:
         for job in [j for j in self._waiting if j.handle.cancelled]:
             self._waiting.remove(job)
             job.run.finish = "cancelled"
-            final = job.run.final()
-            self._metered(job, final)
-            self._emit(job, final)
+            self._settle(job, job.run.final())
         while self._waiting:
             job = self._waiting.peek(self.slots)
             free = [s for s in self.slots if s.job is None]
@@ -371,21 +370,27 @@ class Scheduler:
     def _finish(self, job: _Job) -> None:
         final = job.run.final()
         self.stats.count(final)
-        self._metered(job, final)
         disk, slot = self.engine.disk, job.slot
         if disk is not None and slot is not None and disk.prefixes(job.request) and self.engine.adapters.disk_ok(job.lora):
-            self._emit(job, final)  # the answer first: saving its prompt never delays it
+            self._settle(job, final)  # the answer first: saving its prompt never delays it
             disk.save(slot.sequence, job.request)
             self._release(job)
         else:
             self._release(job)
-            self._emit(job, final)
+            self._settle(job, final)
 
-    def _metered(self, job: _Job, final: FinalEvent) -> None:
+    def _settle(self, job: _Job, final: FinalEvent) -> None:
+        """A request's books, then its final event. A metered request's event waits (off this
+        thread) for its usage row to be durable, so that a process killed in between loses the
+        answer with its row, never one without the other; the journal's record follows the row."""
+        def deliver() -> None:
+            if self.journal is not None and job.request.trace is not None:
+                self.journal(job.request, final)  # one short line appended to a file
+            self._emit(job, final)
         if self.meter is not None and job.request.tenant is not None:
-            self.meter(job.request, final)  # serve's metering queues the row: it never waits
-        if self.journal is not None and job.request.trace is not None:
-            self.journal(job.request, final)  # one short line appended to a file
+            self.meter(job.request, final, deliver)  # serve's metering queues the row: the engine never waits
+        else:
+            deliver()
 
     def _fail(self, job: _Job, error: TallowError) -> None:
         if job.slot is not None:

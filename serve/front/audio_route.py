@@ -67,7 +67,8 @@ class Listener:
             if self.writer is None:
                 self.writer = UsageWriter(self.usage)
             writer = self.writer
-        writer.record(Row.heard(key.name, model, audio_s, (time.perf_counter() - started) * 1000))
+        writer.record(Row.heard(key.name, model, audio_s, (time.perf_counter() - started) * 1000,
+                                request.scope.get("state", {}).get("tallow.request_id")))
 
     async def transcriptions(self, request: HTTPRequest) -> Response:
         return await self.answer(request, translate=False)

@@ -25,7 +25,7 @@ from tallow.serve.http.errors import error_response, handlers
 from tallow.serve.http.guard import Guard, cors
 from tallow.serve.http.prometheus import counter, gauge
 from tallow.serve.http.routing import bound
-from tallow.serve.http.usage import Row
+from tallow.serve.http.usage import Row, UsageWriter
 from tallow.wire import embed_api
 from tallow.wire.apis import EMBED, GENERATE, READ
 from tallow.wire.fields import APIError, parse_json
@@ -36,16 +36,17 @@ class EmbedRoutes:
     """The handlers of the embedding and rerank routes."""
 
     def __init__(self, scheduler: Callable[[], EmbedScheduler], cfg: ServerConfig, limits: Limits,
-                 record: Callable[[Row], None] | None = None) -> None:
-        self.scheduler, self.cfg, self.limits, self.record = scheduler, cfg, limits, record
+                 usage: UsageWriter | None = None) -> None:
+        self.scheduler, self.cfg, self.limits, self.usage = scheduler, cfg, limits, usage
 
-    def metered(self, request: HTTPRequest, req, started: float) -> None:
-        """The request's tokens recorded against its key (serve --auth keys)."""
+    async def metered(self, request: HTTPRequest, req, started: float) -> None:
+        """The request's tokens recorded against its key (serve --auth keys), before it is answered."""
         key = request.headers.get("x-tallow-key")
-        if key is not None and self.record is not None:
+        if key is not None and self.usage is not None:
             n = sum(len(t) for t in req.inputs)
-            self.record(Row(key, self.cfg.model, n, 0, 0, 0, 0, 0, round((time.perf_counter() - started) * 1000, 3),
-                            "stop", time.time()))
+            ms = round((time.perf_counter() - started) * 1000, 3)
+            await self.usage.durable(Row(key, self.cfg.model, n, 0, 0, 0, 0, 0, ms, "stop", time.time(),
+                                         request.headers.get("x-tallow-request")))
 
     async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], EmbedScheduler]:
         body = parse_json(await read_body(request, self.cfg.max_body))
@@ -60,7 +61,7 @@ class EmbedRoutes:
                            param="model")
         req = await run_in_threadpool(embed_request, sched.embedder, embed_api.parse_openai(body))
         vectors = await embedded(sched, req)
-        self.metered(request, req, started_at)
+        await self.metered(request, req, started_at)
         return JSONResponse(embed_api.openai_answer(self.cfg.model, req, vectors))
 
     async def ollama_embed(self, request: HTTPRequest) -> Response:
@@ -71,7 +72,7 @@ class EmbedRoutes:
             raise APIError(f"'{self.cfg.model}' is a reranker: it makes no embeddings", param="model")
         req = await run_in_threadpool(embed_request, sched.embedder, embed_api.parse_ollama(body, legacy))
         vectors = await embedded(sched, req)
-        self.metered(request, req, started_at)
+        await self.metered(request, req, started_at)
         load_ms = float(request.headers.get("x-tallow-load-ms") or 0)
         return JSONResponse(embed_api.ollama_answer(self.cfg.model, req, vectors, legacy, started_at, load_ms))
 
@@ -81,7 +82,7 @@ class EmbedRoutes:
         ask, top_n, with_docs = embed_api.parse_rerank(body)
         req = await run_in_threadpool(embed_request, sched.embedder, ask)
         vectors = await embedded(sched, req)
-        self.metered(request, req, started_at)
+        await self.metered(request, req, started_at)
         answer = embed_api.rerank_answer(self.cfg.model, sched.embedder.ranks, ask.texts or [], req, vectors, top_n,
                                          with_docs)
         return JSONResponse(answer)
@@ -132,16 +133,16 @@ class SideScheduler:
             return self.made[0]
 
 
-def create_embed_app(sched: EmbedScheduler, cfg: ServerConfig, record: Callable[[Row], None] | None = None) -> Guard:
-    return EmbedApp(sched, cfg, record).asgi()
+def create_embed_app(sched: EmbedScheduler, cfg: ServerConfig, usage: UsageWriter | None = None) -> Guard:
+    return EmbedApp(sched, cfg, usage).asgi()
 
 
 class EmbedApp:
     """The app of a runner whose model pools: embeddings and reranking only; the generating
     routes answer that the model does not generate."""
 
-    def __init__(self, sched: EmbedScheduler, cfg: ServerConfig, record: Callable[[Row], None] | None = None) -> None:
-        self.sched, self.cfg, self.embedder, self.record = sched, cfg, sched.embedder, record
+    def __init__(self, sched: EmbedScheduler, cfg: ServerConfig, usage: UsageWriter | None = None) -> None:
+        self.sched, self.cfg, self.embedder, self.usage = sched, cfg, sched.embedder, usage
         self.limits = Limits(max_tokens=1, model=cfg.model, aliases=cfg.aliases,
                              n_vocab=self.embedder.engine.model.n_vocab)
         self.started = int(time.time())
@@ -150,7 +151,7 @@ class EmbedApp:
         routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"])]
         # by the APIs' records (wire/apis.py): the embedding routes, its model list, and every
         # generating route refused by name
-        routes += bound((EmbedRoutes(lambda: self.sched, self.cfg, self.limits, self.record),), (EMBED,))
+        routes += bound((EmbedRoutes(lambda: self.sched, self.cfg, self.limits, self.usage),), (EMBED,))
         routes += bound((self,), (READ,)) + bound((), (GENERATE,), fallback=self.generating)
         app = Starlette(routes=routes, middleware=cors(self.cfg),
                         exception_handlers=handlers(TallowError, self.tallow_error))

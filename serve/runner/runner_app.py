@@ -36,7 +36,7 @@ from tallow.serve.http.prometheus import scheduler_metrics
 from tallow.serve.http.response_store import ResponseStore
 from tallow.serve.http.routing import bound
 from tallow.serve.http.streaming import ClosingStreamingResponse
-from tallow.serve.http.usage import Row
+from tallow.serve.http.usage import Row, UsageWriter
 from tallow.serve.media_fetch import fetch_media
 from tallow.serve.runner.embed_routes import EmbedRoutes, SideScheduler, embed_metrics
 from tallow.serve.runner.native_routes import NativeRoutes
@@ -51,17 +51,17 @@ INLINE_BODY = 16 * 1024  # request bodies up to this size are tokenized on the e
 
 
 def create_app(sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None,
-               record: Callable[[Row], None] | None = None) -> Guard:
+               usage: UsageWriter | None = None) -> Guard:
     """The runner's app; `find_draft(name)` gives a stored model's (paths, name) for a
     request that names a draft model this runner has not loaded (None: such a request is refused)."""
-    return RunnerApp(sched, cfg, find_draft, record).asgi()
+    return RunnerApp(sched, cfg, find_draft, usage).asgi()
 
 
 class RunnerApp:
     """One runner's routes over its scheduler; each handler is a method."""
 
     def __init__(self, sched: Scheduler, cfg: ServerConfig, find_draft: Callable[[str], tuple] | None = None,
-                 record: Callable[[Row], None] | None = None) -> None:
+                 usage: UsageWriter | None = None) -> None:
         self.sched, self.cfg, self.engine, self.find_draft = sched, cfg, sched.engine, find_draft
         self.draft_lock = asyncio.Lock()
         engine = self.engine
@@ -78,9 +78,9 @@ class RunnerApp:
         self.pumps: dict[asyncio.AbstractEventLoop, EventPump] = {}
         self.store = ResponseStore(cfg.history)
         self.embedding = SideScheduler(engine)  # a chat model's embeddings, on first use
-        self.record = record  # serve --auth keys: each request of a key metered (serve/http/usage.py)
-        if record is not None:
-            sched.meter = lambda req, final: record(Row.of(req.tenant or "", cfg.model, final))  # tenants only
+        self.usage = usage  # serve --auth keys: each request of a key metered (serve/http/usage.py)
+        if usage is not None:  # tenants only; each answer ends once its row is written
+            sched.meter = lambda req, final, then: usage.record(Row.of(req.tenant or "", cfg.model, final, req.trace), then)
         if cfg.journal is not None:  # each answer of a request the front traced, under its id
             journal = Journal(cfg.journal, cfg.port)
             sched.journal = lambda req, final: journal.answer(req.trace or "", cfg.model, final)
@@ -93,7 +93,7 @@ class RunnerApp:
                        Route(f"{prefix}/models/{{name:path}}", self.one_model, methods=["GET"])]
         # every API's routes by its record (wire/apis.py): this app's handlers, llama.cpp's native
         # ones (/completion, /tokenize, /props, ...) and the embedding routes
-        routes += bound((self, NativeRoutes(self), EmbedRoutes(self.embedding, self.cfg, self.limits, self.record)))
+        routes += bound((self, NativeRoutes(self), EmbedRoutes(self.embedding, self.cfg, self.limits, self.usage)))
         app = Starlette(routes=routes, middleware=cors(self.cfg),
                         exception_handlers=handlers(TallowError, self.tallow_error))
         return Guard(app, self.cfg)

@@ -5,8 +5,9 @@
 One `tallow serve` with two chat models, an embedding model when the test home has one
 (all-minilm:l6-v2, from the test suite's fetch) and `--auth keys`: a team key, an admin key
 and a flooding key held to 120 requests a minute. At once, until the time is up:
-- the official openai (chat, whole and streamed, n=2, a JSON schema, tools; embeddings),
-  anthropic and ollama clients, and llama.cpp's native /completion over plain HTTP;
+- the official openai (chat, whole and streamed, n=2, a JSON schema, tools, an image, a draft
+  model; embeddings), anthropic and ollama clients, and llama.cpp's native /completion over
+  plain HTTP (alpha has a projector, and `sketch` drafts for either model);
 - clients that leave mid-stream, and one that reads slowly;
 - the admin unloading a model (keep_alive 0) every 15 s, racing the requests for it, and
   models expiring (--keep-alive 20s);
@@ -17,13 +18,14 @@ It fails (exit 1) on: a 5xx other than a killed runner's in-flight requests (tho
 the crash), a request never answered, the front's RSS or open files growing after warm-up
 (compared in thirds, slope reported), a process or a temporary folder left behind, or the
 journal's books not balancing: every 200 of a generating route has exactly its answers'
-records (one per choice), and the usage rows equal the answers of the keyed requests, less
-at most LOST_PER_KILL a killed runner takes with it (its usage writer's queue; reported).
+records (one per choice), and every answer of a keyed request has its usage row (request by
+request: a row carries its request's id).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import random
@@ -42,11 +44,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.processes import shared_home  # noqa: E402
+from helpers.projector import solid_png, write_colour_projector  # noqa: E402
 from helpers.synth import write_synthetic_gguf  # noqa: E402
 
 GENERATING = ("/v1/chat/completions", "/v1/messages", "/api/chat", "/completion")
 WINDOW_MARGIN_S = 150.0  # longer than any request takes: an answer and its request's record are both in the window
-LOST_PER_KILL = 8  # usage rows a killed runner may take with it (its writer's queue): reported
 CRASH_WORDS = ("runner_crashed", "stopped mid-answer", "failed to load", "killed by")
 
 
@@ -76,8 +78,13 @@ class Soak:
     def start(self) -> None:
         models = self.home / "files"
         models.mkdir()
-        for name, seed in (("alpha", 1), ("beta", 2)):
-            self.tallow("import", str(write_synthetic_gguf(models / f"{name}.gguf", seed=seed)), "--name", name)
+        alpha = write_synthetic_gguf(models / "alpha.gguf", seed=1)
+        self.tallow("import", str(alpha), "--name", "alpha", "--mmproj",
+                    str(write_colour_projector(models / "alpha-mmproj.gguf", alpha)))
+        self.tallow("import", str(write_synthetic_gguf(models / "beta.gguf", seed=2)), "--name", "beta")
+        self.tallow("import", str(write_synthetic_gguf(models / "sketch.gguf", seed=3)), "--name", "sketch")
+        png = solid_png(models / "red.png", (255, 0, 0)).read_bytes()
+        self.picture = "data:image/png;base64," + base64.b64encode(png).decode()
         minilm = _minilm()
         self.embedder = None
         if minilm is not None:
@@ -131,7 +138,8 @@ class Soak:
         oa = openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
         an = anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=120)
         ol = ollama.Client(host=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-        kinds = ["chat", "stream", "leave", "slow", "n2", "schema", "tools", "anthropic", "ollama", "native"]
+        kinds = ["chat", "stream", "leave", "slow", "n2", "schema", "tools", "image", "draft", "anthropic", "ollama",
+                 "native"]
         if self.embedder:
             kinds.append("embed")
         while time.monotonic() < self.deadline:
@@ -176,6 +184,15 @@ class Soak:
             tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
             oa.chat.completions.create(model=model, messages=user, max_tokens=8, tools=[tool])
             self.note(kind, "ok")
+        elif kind == "image":  # alpha's projector: a picture's tokens in the prompt
+            oa.chat.completions.create(model="alpha", max_tokens=8, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "what colour?"}, {"type": "image_url", "image_url": {"url": self.picture}}]}])
+            self.note(kind, "ok")
+        elif kind == "draft":  # speculative decoding: the runner loads sketch on first use (again after a kill)
+            got = oa.chat.completions.create(model=model, messages=user, max_tokens=12,
+                                             extra_body={"draft": "sketch", "ignore_eos": True})
+            tokens = got.usage.completion_tokens if got.usage else None
+            self.note(kind, "ok" if tokens == 12 else "unexpected", f"a drafted answer of {tokens} tokens, not 12")
         elif kind == "anthropic":
             an.messages.create(model=model, max_tokens=8, messages=user)
             self.note(kind, "ok")
@@ -292,40 +309,49 @@ class Soak:
         return failures + self.books()
 
     def books(self) -> list[str]:
-        """The journal against itself and against the usage rows. The journal is cut at 16 MiB
-        with one old file kept, so a long run's books cover the window both files hold: from
-        a moment (in a gap between answers) past the oldest record kept."""
-        from tallow.serve.http.usage import summarize
-
+        """The journal against itself and against the usage rows, request by request (a row
+        carries its request's id). The journal is cut at 16 MiB with one old file kept, so a
+        long run's books cover the requests that ended WINDOW_MARGIN_S past the oldest record kept."""
         journal = self.home / "serve-journal.jsonl"
         old = journal.with_name(journal.name + ".1")
         records = [json.loads(line) for f in (old, journal) if f.exists() for line in f.read_text().splitlines()]
-        start = _quiet_moment([r["t"] for r in records if r["kind"] == "answer"],
-                              records[0]["t"] + WINDOW_MARGIN_S if old.exists() else 0.0)
-        answers = Counter(r["id"] for r in records if r["kind"] == "answer" and r["t"] >= start)
-        failures = []
-        for r in records:  # a whole answer's 200 comes after its answers; a stream's says only that it began
-            if r["kind"] == "http" and r["t"] >= start + WINDOW_MARGIN_S and r["status"] == 200 and \
-                    r["path"] in GENERATING and r.get("key"):
-                body = r.get("body") or {}
-                want, have = body.get("n", 1), answers.get(r["id"], 0)
-                if have > want or (not body.get("stream") and have != want):
-                    failures.append(f"request {r['id']} ({r['path']}, 200) has {have} answer records, not {want}")
-        keyed_ids = {r["id"] for r in records if r["kind"] == "http" and r.get("key")}
-        keyed = sum(n for rid, n in answers.items() if rid in keyed_ids)
-        metered = sum(row["requests"] for row in summarize(self.home / "history.db", by="model", since=start)
-                      if not str(row["model"]).startswith("minilm"))  # the generations: embeddings are metered apart
-        # A runner's usage rows wait in its writer thread's queue (the engine never waits on the
-        # disk), so a SIGKILL loses the rows not yet committed; the journal's lines, written at
-        # once, keep them. Known and bounded: at most a few rows a kill; any other difference fails.
-        self.lost = keyed - metered
-        if self.lost < 0 or self.lost > LOST_PER_KILL * len(self.kills):
-            failures.append(f"usage counts {metered} generations since {start:.3f}; the journal's keyed answers "
-                            f"{keyed} ({len(self.kills)} runners killed)")
+        start = records[0]["t"] + WINDOW_MARGIN_S if old.exists() else 0.0
+        answers = Counter(r["id"] for r in records if r["kind"] == "answer")
+        rows = self.rows()
+        failures: list[str] = []
+        self.lost = self.extra = self.judged_requests = 0
+        for r in records:
+            if r["kind"] != "http" or r["t"] < start or r["path"] not in GENERATING or not r.get("key"):
+                continue
+            self.judged_requests += 1
+            rid, body = r["id"], r.get("body") or {}
+            have, metered = answers.get(rid, 0), rows.get(rid, 0)
+            want = body.get("n", 1)  # a whole answer's 200 comes after its answers; a stream's says it began
+            if r["status"] == 200 and (have > want or (not body.get("stream") and have != want)):
+                failures.append(f"request {rid} ({r['path']}, 200) has {have} answer records, not {want}")
+            if metered < have:  # an answer given, never metered
+                self.lost += have - metered
+                failures.append(f"request {rid} ({r['path']}) has {have} answers and {metered} usage rows")
+            self.extra += max(0, metered - have)
+        # A row is committed before its answer's journal line and its end: a runner killed in
+        # that moment leaves a row of an answer never given (its client got the crash error).
+        if self.extra > 2 * len(self.kills):
+            failures.append(f"{self.extra} usage rows of answers never given ({len(self.kills)} runners killed)")
         self.loads = sum(r["kind"] == "load" for r in records)
         self.crashes = sum(r["kind"] == "crash" for r in records)
         self.window = (records[-1]["t"] - max(start, records[0]["t"])) / 60 if records else 0.0
         return failures[:20]
+
+    def rows(self) -> Counter:
+        """Usage rows by the id of the request they meter."""
+        import sqlite3
+
+        db = sqlite3.connect(self.home / "history.db")
+        try:
+            return Counter(dict(db.execute("SELECT request, COUNT(*) FROM usage WHERE request IS NOT NULL "
+                                           "GROUP BY request").fetchall()))
+        finally:
+            db.close()
 
     def growth(self) -> list[str]:
         """The front's RSS and open files, the last third against the second (the first is warm-up)."""
@@ -355,8 +381,9 @@ class Soak:
             q = statistics.quantiles(self.ttft, n=100) if len(self.ttft) > 1 else [self.ttft[0]] * 99
             print(f"streamed TTFT p50 {q[49] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms ({len(self.ttft)} streams)")
         print(f"runners killed {len(self.kills)}; in the journal's last {getattr(self, 'window', 0):.1f} minutes: loads "
-              f"{getattr(self, 'loads', 0)}, crashes {getattr(self, 'crashes', 0)}, usage rows lost with killed runners "
-              f"{getattr(self, 'lost', 0)}")
+              f"{getattr(self, 'loads', 0)}, crashes {getattr(self, 'crashes', 0)}; of "
+              f"{getattr(self, 'judged_requests', 0)} keyed generations judged, answers without a usage row "
+              f"{getattr(self, 'lost', 0)}, rows of answers cut by a kill {getattr(self, 'extra', 0)}")
 
 
 class Refusal(Exception):
@@ -365,20 +392,6 @@ class Refusal(Exception):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"HTTP {status}: {body[:300]}")
         self.status = status
-
-
-def _quiet_moment(times: list[float], after: float) -> float:
-    """The first moment from `after` with no answer within 5 ms of it, so that a usage row
-    and its journal line (written a moment apart) fall on the same side of it."""
-    times = sorted(times)
-    moment = after
-    for t in times:
-        if t < moment - 0.005:
-            continue
-        if t > moment + 0.005:
-            return moment
-        moment = t + 0.006
-    return moment
 
 
 def _alive(pid: int) -> bool:
