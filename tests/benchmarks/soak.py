@@ -6,8 +6,9 @@ One `tallow serve` with two chat models, an embedding model when the test home h
 (all-minilm:l6-v2, from the test suite's fetch) and `--auth keys`: a team key, an admin key
 and a flooding key held to 120 requests a minute. At once, until the time is up:
 - the official openai (chat, whole and streamed, n=2, a JSON schema, tools, an image, a draft
-  model; embeddings), anthropic and ollama clients, and llama.cpp's native /completion over
-  plain HTTP (alpha has a projector, and `sketch` drafts for either model);
+  model; stored Responses, each second one continuing an earlier; embeddings), anthropic and
+  ollama clients, and llama.cpp's native /completion over plain HTTP (alpha has a projector,
+  and `sketch` drafts for either model);
 - clients that leave mid-stream, and one that reads slowly;
 - the admin unloading a model (keep_alive 0) every 15 s, racing the requests for it, and
   models expiring (--keep-alive 20s);
@@ -19,7 +20,8 @@ the crash), a request never answered, the front's RSS or open files growing afte
 (compared in thirds, slope reported), a process or a temporary folder left behind, or the
 journal's books not balancing: every 200 of a generating route has exactly its answers'
 records (one per choice), and every answer of a keyed request has its usage row (request by
-request: a row carries its request's id).
+request: a row carries its request's id); or a stored Response a client was given missing
+from the history database.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from helpers.processes import shared_home  # noqa: E402
 from helpers.projector import solid_png, write_colour_projector  # noqa: E402
 from helpers.synth import write_synthetic_gguf  # noqa: E402
 
-GENERATING = ("/v1/chat/completions", "/v1/messages", "/api/chat", "/completion")
+GENERATING = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/completion")
 WINDOW_MARGIN_S = 150.0  # longer than any request takes: an answer and its request's record are both in the window
 CRASH_WORDS = ("runner_crashed", "stopped mid-answer", "failed to load", "killed by")
 
@@ -65,6 +67,8 @@ class Soak:
         self.samples: list[tuple[float, int, int]] = []  # (t, front RSS, front fds)
         self.runner_pids: set[int] = set()
         self.private: set[Path] = set()  # the server's own temporary folders (its runners' sockets)
+        self.stored: list[str] = []  # the ids of the stored Responses the clients were given
+        self.stored_model: dict[str, str] = {}
 
     # -- set-up ----------------------------------------------------------------------------
     def tallow(self, *args: str) -> str:
@@ -138,8 +142,8 @@ class Soak:
         oa = openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
         an = anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=120)
         ol = ollama.Client(host=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-        kinds = ["chat", "stream", "leave", "slow", "n2", "schema", "tools", "image", "draft", "anthropic", "ollama",
-                 "native"]
+        kinds = ["chat", "stream", "leave", "slow", "n2", "schema", "tools", "image", "draft", "responses",
+                 "anthropic", "ollama", "native"]
         if self.embedder:
             kinds.append("embed")
         while time.monotonic() < self.deadline:
@@ -193,6 +197,16 @@ class Soak:
                                              extra_body={"draft": "sketch", "ignore_eos": True})
             tokens = got.usage.completion_tokens if got.usage else None
             self.note(kind, "ok" if tokens == 12 else "unexpected", f"a drafted answer of {tokens} tokens, not 12")
+        elif kind == "responses":  # stored; every second one continues one stored earlier (by its model)
+            with self.lock:
+                earlier = self.stored[-1] if self.stored and rnd.random() < 0.5 else None
+            got = oa.responses.create(model=model if earlier is None else self.stored_model[earlier],
+                                      input=user[0]["content"], max_output_tokens=8, store=True,
+                                      previous_response_id=earlier)
+            with self.lock:
+                self.stored.append(got.id)
+                self.stored_model[got.id] = got.model
+            self.note(kind, "ok")
         elif kind == "anthropic":
             an.messages.create(model=model, max_tokens=8, messages=user)
             self.note(kind, "ok")
@@ -337,10 +351,28 @@ class Soak:
         # that moment leaves a row of an answer never given (its client got the crash error).
         if self.extra > 2 * len(self.kills):
             failures.append(f"{self.extra} usage rows of answers never given ({len(self.kills)} runners killed)")
+        failures += self.history()
         self.loads = sum(r["kind"] == "load" for r in records)
         self.crashes = sum(r["kind"] == "crash" for r in records)
         self.window = (records[-1]["t"] - max(start, records[0]["t"])) / 60 if records else 0.0
         return failures[:20]
+
+    def history(self) -> list[str]:
+        """Every stored Response a client was given is in the history database (stored before
+        its client hears it is complete); one stored and then cut by a kill is reported."""
+        import sqlite3
+
+        db = sqlite3.connect(self.home / "history.db")
+        try:
+            kept = {rid for (rid,) in db.execute("SELECT id FROM api_responses")}
+        finally:
+            db.close()
+        missing = [rid for rid in self.stored if rid not in kept]
+        self.unheard = len(kept - set(self.stored))
+        out = [f"{len(missing)} of {len(self.stored)} stored Responses given missing, e.g. {missing[0]}"] if missing else []
+        if self.unheard > 2 * len(self.kills):
+            out.append(f"{self.unheard} stored Responses no client was given ({len(self.kills)} runners killed)")
+        return out
 
     def rows(self) -> Counter:
         """Usage rows by the id of the request they meter."""
@@ -383,7 +415,8 @@ class Soak:
         print(f"runners killed {len(self.kills)}; in the journal's last {getattr(self, 'window', 0):.1f} minutes: loads "
               f"{getattr(self, 'loads', 0)}, crashes {getattr(self, 'crashes', 0)}; of "
               f"{getattr(self, 'judged_requests', 0)} keyed generations judged, answers without a usage row "
-              f"{getattr(self, 'lost', 0)}, rows of answers cut by a kill {getattr(self, 'extra', 0)}")
+              f"{getattr(self, 'lost', 0)}, rows of answers cut by a kill {getattr(self, 'extra', 0)}; stored Responses "
+              f"given {len(self.stored)}, kept but cut by a kill {getattr(self, 'unheard', 0)}")
 
 
 class Refusal(Exception):
