@@ -57,7 +57,8 @@ class Listener:
             writer.close()
 
     def meter(self, request: HTTPRequest, model: str, audio_s: float, started: float) -> None:
-        """A row for the key that asked: the audio heard (the runners meter tokens likewise)."""
+        """A row for the key that asked: the audio heard (the runners meter tokens likewise),
+        committed before this returns (on a worker thread), so before the answer ends."""
         key = request.scope.get("state", {}).get("tallow.key")
         if self.usage is None or key is None:
             return
@@ -67,8 +68,8 @@ class Listener:
             if self.writer is None:
                 self.writer = UsageWriter(self.usage)
             writer = self.writer
-        writer.record(Row.heard(key.name, model, audio_s, (time.perf_counter() - started) * 1000,
-                                request.scope.get("state", {}).get("tallow.request_id")))
+        writer.written(Row.heard(key.name, model, audio_s, (time.perf_counter() - started) * 1000,
+                                 request.scope.get("state", {}).get("tallow.request_id")))
 
     async def transcriptions(self, request: HTTPRequest) -> Response:
         return await self.answer(request, translate=False)
@@ -126,7 +127,7 @@ class Listener:
             raise APIError(exc.message, param="file") from exc
         finally:
             release()
-        done(heard.duration)
+        await run_in_threadpool(done, heard.duration)
         return _response(fmt, heard, ask.words)
 
     async def hearing_runner(self, local):
@@ -255,9 +256,9 @@ def _events(whisper, lock: threading.Lock, data: io.BytesIO, name: str, ask, don
         with lock:
             for seg in transcribe(whisper, data, name, ask, heard):
                 yield _event({"type": "transcript.text.delta", "delta": seg.text if seg.id else seg.text.lstrip()})
+        done(heard.duration)  # metered before the client hears it is done
         yield _event({"type": "transcript.text.done", "text": heard.text,
                       "usage": {"type": "duration", "seconds": round(heard.duration, 3)}})
-        done(heard.duration)
     except TallowError as exc:
         yield _event({"type": "error", "error": {"message": exc.message, "type": "invalid_request_error"}})
     finally:

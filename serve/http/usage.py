@@ -90,6 +90,12 @@ class UsageWriter:
         database stay locked for a minute, once that was given up)."""
         self.rows.put((row, then))
 
+    def written(self, row: Row, timeout: float = 90.0) -> None:
+        """Record the row and wait on this thread until it is committed."""
+        committed = threading.Event()
+        self.record(row, committed.set)
+        committed.wait(timeout)
+
     async def durable(self, row: Row) -> None:
         """Record the row and wait until it is committed."""
         loop = asyncio.get_running_loop()
