@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from helpers.growth import Growth  # noqa: E402
 from helpers.processes import shared_home  # noqa: E402
 from helpers.projector import solid_png, write_colour_projector  # noqa: E402
 from helpers.synth import write_synthetic_gguf  # noqa: E402
@@ -64,7 +65,7 @@ class Soak:
         self.ttft: list[float] = []
         self.kills: list[float] = []  # when a runner was killed (monotonic)
         self.lock = threading.Lock()
-        self.samples: list[tuple[float, int, int]] = []  # (t, front RSS, front fds)
+        self.growth = Growth()  # the front's and the runners' RSS and open files, every second
         self.runner_pids: set[int] = set()
         self.private: set[Path] = set()  # the server's own temporary folders (its runners' sockets)
         self.stored: list[str] = []  # the ids of the stored Responses the clients were given
@@ -289,13 +290,7 @@ class Soak:
             return json.loads(r.read())
 
     def sample(self) -> None:
-        pid = self.proc.pid
-        try:
-            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            fds = len(os.listdir(f"/proc/{pid}/fd"))
-        except OSError:
-            return
-        self.samples.append((time.monotonic(), rss, fds))
+        self.growth.sample(self.proc.pid, list(self.runner_pids))
 
     def run(self) -> None:
         import anthropic  # noqa: F401 - imported here, once: imports racing in threads see half a module
@@ -385,26 +380,6 @@ class Soak:
         finally:
             db.close()
 
-    def growth(self) -> list[str]:
-        """The front's RSS and open files, the last third against the second (the first is warm-up)."""
-        if len(self.samples) < 9:
-            return []
-        third = len(self.samples) // 3
-        mid, last = self.samples[third:2 * third], self.samples[2 * third:]
-        rss_mid, rss_last = statistics.median(s[1] for s in mid), statistics.median(s[1] for s in last)
-        fd_mid, fd_last = max(s[2] for s in mid), max(s[2] for s in last)
-        t = [s[0] - self.samples[0][0] for s in self.samples[third:]]
-        r = [s[1] / 2**20 for s in self.samples[third:]]
-        slope = statistics.linear_regression(t, r).slope * 60 if len(set(t)) > 1 else 0.0
-        print(f"front RSS {rss_mid / 2**20:.1f} -> {rss_last / 2**20:.1f} MB (slope after warm-up {slope:+.2f} MB/min), "
-              f"open files {fd_mid} -> {fd_last}")
-        out = []
-        if rss_last > rss_mid * 1.2 + 32 * 2**20:
-            out.append(f"the front's RSS grew from {rss_mid / 2**20:.0f} to {rss_last / 2**20:.0f} MB after warm-up")
-        if fd_last > fd_mid + 16:
-            out.append(f"the front's open files grew from {fd_mid} to {fd_last} after warm-up")
-        return out
-
     def report(self) -> None:
         print(f"requests by kind and outcome ({sum(self.outcomes.values())} in all):")
         for (kind, outcome), n in sorted(self.outcomes.items()):
@@ -466,7 +441,7 @@ def main() -> int:
                 failures = soak.stop()
             else:
                 failures = [f"the server died (exit {soak.proc.returncode})"]
-        failures = soak.problems[:20] + failures + soak.growth()
+        failures = soak.problems[:20] + failures + soak.growth.judge(len(soak.runner_pids))
         soak.report()
     for f in failures:
         print("FAIL:", f)
