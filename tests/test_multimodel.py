@@ -154,6 +154,27 @@ def test_keep_alive_expiry_and_forever(home):
         s.close()
 
 
+def test_a_stopped_runner_cleans_up_after_itself(home):
+    # uvicorn raises a SIGTERM again once it has shut down, and the default action ended the
+    # runner before its cleanup: its engine's thread claim stayed behind (and its usage writer
+    # was never closed); the stdin watch's buffered read then aborted the interpreter's exit
+    s = Server(None, home)
+    claims = home / "run" / "engines"
+    try:
+        ask(s, "a:tiny", 2)
+        pid = loaded(s)["a:tiny"]["pid"]
+        assert (claims / f"{pid}.json").exists()  # a running engine's claim
+        assert s.raw("/api/generate", json.dumps({"model": "a:tiny", "keep_alive": 0}).encode())[0] == 200
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), "the unloaded runner lived on", 30)
+        assert not (claims / f"{pid}.json").exists()
+        ask(s, "b:tiny", 2)
+        pid = loaded(s)["b:tiny"]["pid"]
+    finally:
+        s.close()
+    assert s.proc.returncode == 0 and not (claims / f"{pid}.json").exists()
+    assert not any("Fatal Python error" in line for line in s.log), "".join(s.log)
+
+
 def test_a_runner_crash_fails_its_request_only(files, tmp_path):
     marker = tmp_path / "crashed"
     s = Server(files["a"], tmp_path, str(files["b"]), "--parallel", "2", "--max-tokens", "65000", "--ctx", "65536",

@@ -141,9 +141,9 @@ def _embedding(model: str, load, c: RunnerConfig, usage):
 
 def _orphan_watch() -> None:
     """stdin is a pipe from the server: when it closes, the server is gone, so stop."""
-    try:
-        while sys.stdin.buffer.read(4096):
+    try:  # the raw descriptor: a daemon thread blocked in the buffered reader holds its lock, and
+        while os.read(0, 4096):  # the interpreter's shutdown, wanting that lock, aborts the process
             pass
-    except (OSError, ValueError):
+    except OSError:
         pass
     os.kill(os.getpid(), signal.SIGTERM)

@@ -396,7 +396,8 @@ def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: flo
     """Serve `app` on `sock` until a signal stops it. `start` runs in a thread once the loop
     is about to answer (its exception ends the server and is raised here). With a `replica`
     (serve/http/replica.py), SIGTERM drains: new requests get 503 while those in flight finish, for
-    up to `drain_s` seconds, then this returns (exit 0); a second SIGTERM, or Ctrl-C, stops at once."""
+    up to `drain_s` seconds, then this returns (exit 0); a second SIGTERM, or Ctrl-C, stops at once.
+    Without one (a runner), SIGTERM is a graceful shutdown, then this returns."""
     import signal
     import threading
 
@@ -406,6 +407,12 @@ def run_uvicorn(app, sock: socket.socket, start=None, replica=None, drain_s: flo
         drained = False
 
         def handle_exit(self, sig, frame) -> None:
+            if replica is None and sig == signal.SIGTERM:
+                # not handed to uvicorn, which would raise it again once shut down: the default
+                # action would end the process before its owner's cleanup (a runner's engine,
+                # its thread claim, its usage writer)
+                self.drained, self.force_exit, self.should_exit = True, self.should_exit, True
+                return
             if replica is None or sig != signal.SIGTERM or replica.draining:
                 return super().handle_exit(sig, frame)
             replica.drain()
