@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import random
@@ -64,6 +65,7 @@ class Soak:
         self.problems: list[str] = []
         self.ttft: list[float] = []
         self.kills: list[float] = []  # when a runner was killed (monotonic)
+        self.killed: set[int] = set()  # the runners killed
         self.lock = threading.Lock()
         self.growth = Growth()  # the front's and the runners' RSS and open files, every second
         self.runner_pids: set[int] = set()
@@ -208,11 +210,20 @@ class Soak:
                 self.stored.append(got.id)
                 self.stored_model[got.id] = got.model
             self.note(kind, "ok")
-        elif kind == "anthropic":
-            an.messages.create(model=model, max_tokens=8, messages=user)
+        elif kind == "anthropic":  # whole or streamed, by turns
+            if rnd.random() < 0.5:
+                an.messages.create(model=model, max_tokens=8, messages=user)
+            else:
+                with an.messages.stream(model=model, max_tokens=8, messages=user) as stream:
+                    stream.get_final_message()
             self.note(kind, "ok")
         elif kind == "ollama":
-            ol.chat(model=model, messages=user, options={"num_predict": 8})
+            if rnd.random() < 0.5:
+                ol.chat(model=model, messages=user, options={"num_predict": 8})
+            else:
+                parts = list(ol.chat(model=model, messages=user, options={"num_predict": 8}, stream=True))
+                self.note(kind, "ok" if parts and parts[-1].done else "unexpected", "a stream that did not end")
+                return
             self.note(kind, "ok")
         elif kind == "native":
             self.post("/completion", {"model": model, "prompt": "once upon", "n_predict": 8}, self.keys["team"])
@@ -260,8 +271,9 @@ class Soak:
                 self.runner_pids.update(pids)
                 if pids:
                     self.kills.append(time.monotonic())
+                    self.killed.add(victim := self.random.choice(pids))
                     try:
-                        os.kill(self.random.choice(pids), signal.SIGKILL)
+                        os.kill(victim, signal.SIGKILL)
                     except ProcessLookupError:
                         pass  # it ended a moment ago (an unload)
                 print(f"{time.monotonic() - self.started:6.1f} s: killed a runner, one of {pids}", flush=True)
@@ -315,7 +327,18 @@ class Soak:
         time.sleep(1)
         failures += [f"runner process {pid} left behind" for pid in sorted(self.runner_pids) if _alive(pid)]
         failures += [f"temporary folder {p} left behind" for p in sorted(self.private) if p.exists()]
-        return failures + self.books()
+        return failures + self.leftovers() + self.books()
+
+    def leftovers(self) -> list[str]:
+        """Temporary files in the home: the store's, a half-written file's, and the engines'
+        thread claims of runners that ended on their own (a killed one's is swept by the next
+        engine to start, so the last kills' may stay)."""
+        out = [f"temporary file {p} left behind" for p in (self.home / "models" / "tmp").glob("*")]
+        out += [f"half-written file {p} left behind" for p in self.home.rglob("*.tmp")]
+        for claim in (self.home / "run" / "engines").glob("*.json"):
+            if not claim.stem.isdigit() or int(claim.stem) not in self.killed:
+                out.append(f"engine claim {claim.name} left behind by a runner that was not killed")
+        return out
 
     def books(self) -> list[str]:
         """The journal against itself and against the usage rows, request by request (a row
@@ -430,8 +453,13 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kill-every", type=float, default=90.0, help="seconds between runner kills")
+    ap.add_argument("--keep", action="store_true", help="keep the server's home (journal, database) and say where")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tallow-soak-") as tmp:
+    home = contextlib.nullcontext(tempfile.mkdtemp(prefix="tallow-soak-")) if args.keep else \
+        tempfile.TemporaryDirectory(prefix="tallow-soak-")
+    with home as tmp:
+        if args.keep:
+            print(f"the server's home: {tmp}", flush=True)
         soak = Soak(Path(tmp), args.minutes, args.clients, args.seed, args.kill_every)
         soak.start()
         try:
