@@ -1,7 +1,7 @@
 """Schemas, patterns and grammars that would compile into unbounded work (vLLM's
 GHSA-mgrm-fgjv-mhv8 and CVE-2025-48944 class): deep nesting, repetitions of a million, huge
-enums, recursive references. Each is refused by name before it is converted or handed to
-llama.cpp, and over HTTP it is the request's 400 while the server goes on."""
+enums, recursive references, ten thousand tools. Each is refused by name before it is
+converted or handed to llama.cpp, and over HTTP it is the request's 400 while the server goes on."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from helpers.server import Server
 
 from tallow.runtime.errors import GrammarError
 from tallow.runtime.grammar import MAX_REPETITION, check_gbnf, grammar_for, load_schema
+from tallow.runtime.tools.choice import MAX_TOOLS, Tool, ToolChoice
+from tallow.runtime.tools.constrain import constrain
 
 DEEP = '{"type": "array", "items": ' * 5000 + '{"type": "string"}' + "}" * 5000
 BOMBS = {
@@ -44,6 +46,19 @@ def test_a_grammar_repeating_past_llama_cpps_limit_is_refused_and_at_the_limit_a
     assert grammar_for(False, load_schema(json.dumps({"type": "string", "maxLength": MAX_REPETITION})))
 
 
+def tools(n: int) -> tuple[Tool, ...]:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}, "required": ["x"]}
+    return tuple(Tool(f"tool_{i}", "does a thing", schema) for i in range(n))
+
+
+def test_more_tools_than_the_limit_are_refused_before_their_grammar_is_made():
+    # every surface makes a ToolChoice (the APIs, chat's MCP tools, the Python API)
+    with pytest.raises(GrammarError, match=f"10000 tools are offered; tallow takes at most {MAX_TOOLS}"):
+        ToolChoice(tools(10_000), format="hermes")
+    grammar, lazy = constrain(ToolChoice(tools(MAX_TOOLS), format="hermes"))  # at the limit: made, and checked
+    assert lazy is not None and f"tool_{MAX_TOOLS - 1}" in lazy.grammar.after("")
+
+
 @pytest.mark.slow
 def test_over_http_each_bomb_is_the_request_s_400_and_the_server_goes_on(synth_model, tmp_path):
     s = Server(synth_model, tmp_path, "--max-body", str(16 * 1024 * 1024))
@@ -61,6 +76,17 @@ def test_over_http_each_bomb_is_the_request_s_400_and_the_server_goes_on(synth_m
                                                              "n_predict": 4}).encode(),
                                   {"Content-Type": "application/json"})
         assert status == 400 and "at most 2000" in answer["error"]["message"], answer
+        many = [t.as_openai() for t in tools(10_000)]
+        shapes = {"/v1/chat/completions": {**chat, "tools": many},
+                  "/v1/responses": {"model": "synthetic.gguf", "input": "hi", "max_output_tokens": 4,
+                                    "tools": [{"type": "function", **t["function"]} for t in many]},
+                  "/v1/messages": {"model": "synthetic.gguf", "max_tokens": 4, "messages": chat["messages"],
+                                   "tools": [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                                             for t in many]},
+                  "/api/chat": {"model": "synthetic.gguf", "messages": chat["messages"], "tools": many, "stream": False}}
+        for path, body in shapes.items():  # each API's own error shape, naming the field
+            status, _, answer = s.raw(path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+            assert status == 400 and f"at most {MAX_TOOLS}" in json.dumps(answer), (path, answer)
         ok = s.client().chat.completions.create(model="synthetic.gguf", messages=[{"role": "user", "content": "hi"}],
                                                 max_tokens=2)
         assert ok.choices[0].finish_reason in ("stop", "length")

@@ -18,7 +18,7 @@ from tallow.common.errors import APIError, TallowError
 from tallow.common.fields import BY_NAME, EFFORT_BUDGETS, IN_CONTENT, SHAPED, SURFACES, Field, FieldError, on_surface
 from tallow.runtime.grammar import Schema
 from tallow.runtime.media import MARKER, marker
-from tallow.runtime.tools.choice import Tool, ToolChoice
+from tallow.runtime.tools.choice import MAX_TOOLS, Tool, ToolChoice
 from tallow.runtime.types import Sampling
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -271,6 +271,8 @@ def tool_list(value: Any, name: str, shape: str) -> tuple[Tool, ...]:
     ({"type": "function", "name", "parameters"}) or Anthropic ({"name", "input_schema"})."""
     if not isinstance(value, list):
         raise APIError(f"'{name}' must be a list of tools", param=name)
+    if len(value) > MAX_TOOLS:  # refused before any of them is read
+        raise APIError(f"'{name}' has {len(value)} tools; tallow takes at most {MAX_TOOLS} in one request", param=name)
     tools, seen = [], set()
     for i, t in enumerate(value):
         where = f"{name}[{i}]"
