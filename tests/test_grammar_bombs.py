@@ -24,6 +24,11 @@ BOMBS = {
     "deep inside properties": (json.dumps({"type": "object", "properties": {"a": {"type": "string",
                                                                                   "maxLength": 10**7}}}), "/properties/a"),
     "an enum of 100,000": (json.dumps({"enum": [f"value {i}" for i in range(100_000)]}), "too large"),
+    "600 properties": (json.dumps({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(600)}}),
+                       "600 properties; a grammar takes at most 512"),
+    "5,000 subschemas": (json.dumps({"type": "object", "properties": {
+        f"o{j}": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(50)}} for j in range(100)}}),
+        "more than 4096 subschemas in the JSON schema"),
     "a reference to itself": (json.dumps({"$ref": "#"}), "ref"),
     "references in a ring": (json.dumps({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                                          "$ref": "#/$defs/a"}), "$defs"),
@@ -57,6 +62,11 @@ def test_more_tools_than_the_limit_are_refused_before_their_grammar_is_made():
         ToolChoice(tools(10_000), format="hermes")
     grammar, lazy = constrain(ToolChoice(tools(MAX_TOOLS), format="hermes"))  # at the limit: made, and checked
     assert lazy is not None and f"tool_{MAX_TOOLS - 1}" in lazy.grammar.after("")
+    # each tool's parameters within bounds, all of them together not: one conversion makes them all
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "object", "properties": {"a": {"type": "integer"}}}
+                                             for i in range(100)}}
+    with pytest.raises(GrammarError, match="more than 4096 subschemas in the tools' parameters together"):
+        constrain(ToolChoice(tuple(Tool(f"t{i}", "", wide) for i in range(30)), format="hermes"))
 
 
 @pytest.mark.slow

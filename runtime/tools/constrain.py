@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tallow.runtime.errors import GrammarError
+from tallow.runtime.grammar import check_bounds
 from tallow.runtime.tools.choice import Tool, ToolChoice, prepare
 from tallow.runtime.tools.envelope import CallGrammar, literal
 from tallow.runtime.tools.formats import family
@@ -41,6 +42,7 @@ def _argument_rules(tools: tuple[Tool, ...]) -> str:
     wrapper = {"type": "object", "required": [f"targ{i}" for i in range(len(tools))],
                "properties": {f"targ{i}": _rebase_refs(t.parameters or {"type": "object"}, f"#/properties/targ{i}")
                               for i, t in enumerate(tools)}}
+    check_bounds(wrapper, "the tools' parameters together")  # each tool's were checked alone
     try:
         text = grammars.schema_grammar(json.dumps(wrapper))
     except (ValueError, KeyError, TypeError, RecursionError, NotImplementedError) as exc:
