@@ -35,6 +35,12 @@ def test_a_hundred_thousand_messages_are_refused_before_tokenizing_while_others_
         status, _, body = s.raw("/v1/completions", json.dumps({"model": "synthetic.gguf", "prompt": prompt}).encode(),
                                 {"Content-Type": "application/json"})
         assert status == 400 and "at least" in body["error"]["message"], body
+        # one word of half a million characters, and of CJK (llama.cpp #21919's class: a stack
+        # overflow in tokenizing long text without a break): tokenized, counted, refused
+        for word in ("a" * 500_000, "\u4e00" * 200_000):
+            status, _, body = s.raw("/v1/completions", json.dumps({"model": "synthetic.gguf", "prompt": word}).encode(),
+                                    {"Content-Type": "application/json"})
+            assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
         again = s.client().completions.create(model="synthetic.gguf", prompt="one more", max_tokens=2)
         assert again.choices[0].text is not None  # the server goes on
     finally:
