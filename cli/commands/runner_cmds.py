@@ -38,6 +38,7 @@ def runner(
 
     if (socket_path is None) == (port is None):
         raise typer.BadParameter("give --socket or --port", param_hint="--socket")
+    signal.signal(signal.SIGTERM, _stopped)  # told to stop while loading: unwind, so the load's cleanup runs
     from dataclasses import replace
 
     try:
@@ -137,6 +138,12 @@ def _embedding(model: str, load, c: RunnerConfig, usage):
     app = create_embed_app(sched, _config(c, local.name, engine), usage)
     return local.name, sched, app, _ready(local.name, engine, capacity=embedder.max_tokens, n_ctx=engine.n_ctx,
                                           parallel=embedder.max_seqs, unified=True, pooling=embedder.pooling)
+
+
+def _stopped(signum, frame) -> None:
+    """SIGTERM before the server runs (uvicorn takes it from then on): the default action would
+    end the process at once, leaving the engine's thread claim behind; an exit unwinds instead."""
+    raise SystemExit(0)
 
 
 def _orphan_watch() -> None:
