@@ -54,6 +54,11 @@ class Row:
                    u.media_tokens, 0, round(final.timings.total_ms, 3), final.finish_reason, time.time(), request)
 
     @classmethod
+    def embedded(cls, key: str, model: str, input_tokens: int, duration_ms: float, request: str | None = None) -> Row:
+        """An embedding or rerank request's row: its input tokens."""
+        return cls(key, model, input_tokens, 0, 0, 0, 0, 0, round(duration_ms, 3), "stop", time.time(), request)
+
+    @classmethod
     def heard(cls, key: str, model: str, audio_s: float, duration_ms: float, request: str | None = None) -> Row:
         """A transcription's row: the audio it heard, no tokens."""
         return cls(key, model, 0, 0, 0, 0, 0, round(audio_s * 1000), round(duration_ms, 3), "stop", time.time(),

@@ -43,10 +43,9 @@ class EmbedRoutes:
         """The request's tokens recorded against its key (serve --auth keys), before it is answered."""
         key = request.headers.get("x-tallow-key")
         if key is not None and self.usage is not None:
-            n = sum(len(t) for t in req.inputs)
-            ms = round((time.perf_counter() - started) * 1000, 3)
-            await self.usage.durable(Row(key, self.cfg.model, n, 0, 0, 0, 0, 0, ms, "stop", time.time(),
-                                         request.headers.get("x-tallow-request")))
+            await self.usage.durable(Row.embedded(key, self.cfg.model, sum(len(t) for t in req.inputs),
+                                                  (time.perf_counter() - started) * 1000,
+                                                  request.headers.get("x-tallow-request")))
 
     async def body_of(self, request: HTTPRequest) -> tuple[dict[str, Any], EmbedScheduler]:
         body = parse_json(await read_body(request, self.cfg.max_body))
